@@ -1,0 +1,1 @@
+"""torch <-> JAX interop: DLPack shim, the original SGLang/TokenSpeed kernels, side-by-side harness."""
