@@ -1,0 +1,310 @@
+"""The original SGLang / TokenSpeed kernels, loaded file by file from their pinned PyPI releases.
+
+``ORIGINALS`` is the one table mapping each jaxspec op to the upstream (distribution, pinned version,
+file inside the wheel, symbol) it is compared against. ``python -m jaxspec.interop.fetch`` extracts
+exactly those files into ``.originals/<dist>-<version>/<path>`` (git-ignored; nothing upstream is
+committed); this module imports each file *as published* with ``importlib.util.spec_from_file_location``
+after installing a few tiny stand-in modules in ``sys.modules`` for its package imports:
+
+* ``sglang.srt.utils``: ``is_cpu/is_cuda/is_hip/is_musa/is_npu/is_xpu`` all False (so no file imports
+  ``sgl_kernel`` or the JIT CUDA path at import time) and ``next_power_of_2`` (the upstream function,
+  taken from ``sglang/srt/utils/common.py`` of the same release);
+* ``sglang.srt.platforms`` / ``.interface``: a ``current_platform`` that is not out-of-tree, and
+  ``reject_out_of_tree_path`` raising;
+* ``tokenspeed.runtime.utils`` (``get_colorful_logger``) and ``tokenspeed.runtime.utils.triton``.
+
+The stand-ins live in ``sys.modules`` only while a file executes (the real packages are never imported,
+and a real ``sglang`` install is left untouched). Loaded modules are registered under private names
+(``_jaxspec_originals.<dist>_<version>.<stem>``).
+
+``select_top_k_tokens`` is pure torch inside ``spec_utils.py``, a file that imports most of the SGLang
+server; its three functions (and ``fast_topk`` from ``common.py``) are compiled from the published
+source text (``ast``), without their ``@torch.compile`` decorator (a speed-only wrapper; tests run with
+``TORCHDYNAMO_DISABLE=1`` anyway).
+
+CPU: when no CUDA device is visible and ``TRITON_INTERPRET`` is unset, it is set to ``1`` before the
+first kernel file executes (``@triton.jit`` picks the interpreter at decoration time). Callers use the
+raw ``@triton.jit`` kernels or the Triton host functions: the ``*_func`` dispatchers misbehave off CUDA
+(see platform.md).
+
+torch and triton are imported lazily, so ``import jaxspec.interop.originals`` (e.g. by ``fetch``) is
+cheap; ``load_*`` needs both.
+"""
+
+import ast
+import dataclasses
+import functools
+import importlib.util
+import logging
+import os
+import pathlib
+import sys
+import types
+from typing import Any, Callable
+
+__all__ = [
+    "Original",
+    "ORIGINALS",
+    "SUPPORT_FILES",
+    "CUDA_SOURCES",
+    "OriginalsMissing",
+    "originals_root",
+    "original_path",
+    "load_file",
+    "load",
+    "load_select_top_k_tokens",
+    "require",
+]
+
+SGLANG = ("sglang", "0.5.23")
+SGLANG_MTP = ("sglang", "0.5.12")  # last release with the seed MTP helpers (multi_layer_eagle_utils.py)
+TOKENSPEED = ("tokenspeed", "0.1.0")  # 0.1.1 dropped half of cache_loc_kernel.py
+FLASHINFER = ("flashinfer-python", "0.7.2")
+TVM_FFI = ("apache-tvm-ffi", "0.1.11")
+
+_SPEC = "sglang/kernels/ops/speculative"
+
+
+@dataclasses.dataclass(frozen=True)
+class Original:
+    """One upstream symbol: where it is published and how the harness reaches it."""
+
+    dist: str
+    version: str
+    path: str  # file inside the wheel (and under .originals/<dist>-<version>/)
+    symbol: str
+    kind: str  # "triton" (raw @triton.jit kernel), "host" (Triton host function), "torch-source", "cuda"
+    note: str = ""
+
+    @property
+    def key(self) -> str:
+        return f"{self.dist}-{self.version}"
+
+
+def _o(dv, path, symbol, kind, note=""):
+    return Original(dv[0], dv[1], path, symbol, kind, note)
+
+
+# jaxspec op -> the original it is compared against. THE table: fetch, loader and harness all read it.
+ORIGINALS: dict[str, Original] = {
+    # jaxspec.spec.draft
+    "select_top_k_tokens": _o(SGLANG, "sglang/srt/speculative/spec_utils.py", "select_top_k_tokens", "torch-source"),
+    # jaxspec.spec.tree (Triton XPU tree builder; FULL_MASK and QLEN_ONLY)
+    "build_tree": _o(SGLANG, f"{_SPEC}/spec_tree.py", "sgl_build_tree_kernel_triton", "host"),
+    # jaxspec.spec.verify
+    "verify_tree_greedy": _o(SGLANG, f"{_SPEC}/spec_tree.py", "verify_tree_greedy_triton", "host"),
+    # jaxspec.spec.accept
+    "fill_bonus_tokens": _o(SGLANG, f"{_SPEC}/eagle.py", "fill_bonus_tokens", "triton"),
+    # jaxspec.kernels.cache_locs
+    "assign_extend_cache_locs": _o(SGLANG, f"{_SPEC}/cache_locs.py", "assign_extend_cache_locs", "triton"),
+    "fill_accept_out_cache_loc": _o(SGLANG, f"{_SPEC}/eagle.py", "fill_accept_out_cache_loc", "triton"),
+    # jaxspec.kernels.kv_move
+    "move_kv_cache": _o(SGLANG, "sglang/kernels/ops/kvcache/cache_move.py", "copy_all_layer_kv_cache_tiled", "triton"),
+    # jaxspec.kernels.multi_layer_eagle (seed MTP helpers, sglang 0.5.12)
+    "rotate_input_ids": _o(SGLANG_MTP, "sglang/srt/speculative/multi_layer_eagle_utils.py", "rotate_input_ids_kernel", "triton"),
+    "assign_hidden_states_pool": _o(
+        SGLANG_MTP, "sglang/srt/speculative/multi_layer_eagle_utils.py", "assign_hidden_states_pool_kernel", "triton"
+    ),
+    # the 0.5.23 successor of rotate_input_ids_triton (same kernel body), compared as a second original
+    "rotate_input_ids@sglang-0.5.23": _o(SGLANG, f"{_SPEC}/multi_layer_eagle.py", "rotate_input_ids_kernel", "triton"),
+    # jaxspec.kernels.paged_cache_locs (TokenSpeed 0.1.0 == the seed file)
+    "update_req_to_page": _o(TOKENSPEED, "tokenspeed/runtime/execution/cache_loc_kernel.py", "update_req_to_page", "host"),
+    "compute_out_cache_loc": _o(
+        TOKENSPEED, "tokenspeed/runtime/execution/cache_loc_kernel.py", "compute_out_cache_loc", "host"
+    ),
+    "compute_out_cache_loc_uniform": _o(
+        TOKENSPEED, "tokenspeed/runtime/execution/cache_loc_kernel.py", "compute_out_cache_loc_uniform", "host"
+    ),
+    "fused_decode_input_prep": _o(
+        TOKENSPEED, "tokenspeed/runtime/execution/cache_loc_kernel.py", "fused_decode_input_prep", "host"
+    ),
+    # GPU only: SGLang 0.5.23's JIT CUDA kernels (compiled at run time by interop/cuda_originals.py)
+    "build_tree@cuda": _o(SGLANG, "sglang/kernels/jit/csrc/speculative/tree.cuh", "build_tree_kernel_efficient", "cuda"),
+    "verify_tree_greedy@cuda": _o(SGLANG, "sglang/kernels/jit/csrc/speculative/tree.cuh", "verify_tree_greedy", "cuda"),
+    "tree_speculative_sampling_target_only@cuda": _o(
+        SGLANG,
+        "sglang/kernels/jit/csrc/speculative/sampling.cuh",
+        "tree_speculative_sampling_target_only",
+        "cuda",
+    ),
+}
+
+# Files the loader needs besides the table's (dist, version) -> paths.
+SUPPORT_FILES: dict[tuple[str, str], tuple[str, ...]] = {
+    SGLANG: ("sglang/srt/utils/common.py",),  # next_power_of_2, fast_topk (read as source, never imported)
+}
+
+# --cuda: roots of SGLang's JIT CUDA build; their #include closure is resolved by fetch.
+CUDA_SOURCES: dict[tuple[str, str], tuple[str, ...]] = {
+    SGLANG: (
+        "sglang/kernels/jit/csrc/speculative/tree.cuh",
+        "sglang/kernels/jit/csrc/speculative/sampling.cuh",
+        f"{_SPEC}/tree.py",  # the wrappers load_jit builds from (read for reference: exports, template args)
+        f"{_SPEC}/sampling.py",
+    ),
+}
+SGLANG_JIT_INCLUDE = "sglang/kernels/jit/include"
+FLASHINFER_INCLUDE = "flashinfer/data/include"
+
+
+class OriginalsMissing(FileNotFoundError):
+    """An original kernel file is not extracted; the message says how to fetch it."""
+
+
+def originals_root() -> pathlib.Path:
+    """``$JAXSPEC_ORIGINALS`` or ``<repo>/.originals`` (the repo holding this package), else ``./.originals``."""
+    env = os.environ.get("JAXSPEC_ORIGINALS")
+    if env:
+        return pathlib.Path(env).resolve()
+    repo = pathlib.Path(__file__).resolve().parents[1]
+    if (repo / "pyproject.toml").exists():
+        return repo / ".originals"
+    return pathlib.Path.cwd() / ".originals"
+
+
+def original_path(dist: str, version: str, path: str) -> pathlib.Path:
+    return originals_root() / f"{dist}-{version}" / path
+
+
+def require(dist: str, version: str, path: str) -> pathlib.Path:
+    """The extracted file, or ``OriginalsMissing`` telling how to fetch it."""
+    p = original_path(dist, version, path)
+    if not p.is_file():
+        raise OriginalsMissing(
+            f"original kernel file {dist}=={version}:{path} is missing (looked for {p}). "
+            f"Run `python -m jaxspec.interop.fetch` (add --cuda for the GPU-only CUDA sources) to download the "
+            f"pinned wheels from PyPI and extract it."
+        )
+    return p
+
+
+# ----------------------------------------------------------------------------------------------------
+# stand-in modules
+
+
+def _source_function(path: pathlib.Path, names: tuple[str, ...], namespace: dict) -> dict:
+    """Compile the named top-level functions of a published file (decorators dropped) into ``namespace``."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    found = {}
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef) and node.name in names:
+            node.decorator_list = []
+            found[node.name] = node
+    missing = set(names) - set(found)
+    if missing:
+        raise RuntimeError(f"{path}: functions {sorted(missing)} not found in the published file")
+    module = ast.Module(body=[found[n] for n in names], type_ignores=[])
+    exec(compile(module, filename=str(path), mode="exec"), namespace)  # noqa: S102 - published upstream source
+    return {n: namespace[n] for n in names}
+
+
+@functools.cache
+def _sglang_utils_source() -> dict:
+    """``next_power_of_2`` and ``fast_topk`` exactly as published in sglang 0.5.23 ``srt/utils/common.py``."""
+    import torch
+
+    path = require(*SGLANG, "sglang/srt/utils/common.py")
+    return _source_function(path, ("next_power_of_2", "fast_topk"), {"torch": torch})
+
+
+def _stub(name: str, **attrs) -> types.ModuleType:
+    m = types.ModuleType(name)
+    m.__dict__.update(attrs)
+    m.__path__ = []  # a package, so submodule stand-ins resolve
+    return m
+
+
+def _stand_ins(dist: str) -> dict[str, types.ModuleType]:
+    if dist == "sglang":
+        false = lambda: False  # noqa: E731 - every platform probe answers "not this platform"
+        flags = {f: false for f in ("is_cpu", "is_cuda", "is_hip", "is_musa", "is_npu", "is_xpu")}
+        utils = _stub("sglang.srt.utils", next_power_of_2=_sglang_utils_source()["next_power_of_2"], **flags)
+
+        class _Platform:
+            def is_out_of_tree(self):
+                return False
+
+        def reject_out_of_tree_path(platform, subsystem=""):
+            raise RuntimeError(f"jaxspec stand-in: no SGLang platform for {subsystem} (call the Triton kernels)")
+
+        return {
+            "sglang": _stub("sglang"),
+            "sglang.srt": _stub("sglang.srt"),
+            "sglang.srt.utils": utils,
+            "sglang.srt.platforms": _stub("sglang.srt.platforms", current_platform=_Platform()),
+            "sglang.srt.platforms.interface": _stub(
+                "sglang.srt.platforms.interface", reject_out_of_tree_path=reject_out_of_tree_path
+            ),
+        }
+    if dist == "tokenspeed":
+        return {
+            "tokenspeed": _stub("tokenspeed"),
+            "tokenspeed.runtime": _stub("tokenspeed.runtime"),
+            "tokenspeed.runtime.utils": _stub("tokenspeed.runtime.utils", get_colorful_logger=logging.getLogger),
+            "tokenspeed.runtime.utils.triton": _stub("tokenspeed.runtime.utils.triton"),
+        }
+    return {}
+
+
+def _ensure_interpreter_if_no_gpu() -> None:
+    if "TRITON_INTERPRET" in os.environ:
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        os.environ["TRITON_INTERPRET"] = "1"
+
+
+@functools.cache
+def load_file(dist: str, version: str, path: str) -> types.ModuleType:
+    """Execute one published kernel file with stand-ins for its package imports; cached per file."""
+    file = require(dist, version, path)
+    _ensure_interpreter_if_no_gpu()
+    import triton  # noqa: F401 - fail here, clearly, if triton is absent
+
+    stand_ins = _stand_ins(dist)
+    saved = {name: sys.modules.get(name) for name in stand_ins}
+    mod_name = f"_jaxspec_originals.{dist.replace('-', '_')}_{version.replace('.', '_')}.{file.stem}"
+    spec = importlib.util.spec_from_file_location(mod_name, file)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.update(stand_ins)
+    sys.modules[mod_name] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception:
+        sys.modules.pop(mod_name, None)
+        raise
+    finally:
+        for name, old in saved.items():
+            if old is None:
+                sys.modules.pop(name, None)
+            else:
+                sys.modules[name] = old
+    return module
+
+
+def load(op: str) -> Callable[..., Any]:
+    """The original symbol for a jaxspec op (a raw ``@triton.jit`` kernel or a Triton host function)."""
+    o = ORIGINALS[op]
+    if o.kind == "torch-source":
+        return load_select_top_k_tokens()
+    if o.kind == "cuda":
+        raise ValueError(f"{op} is a CUDA original: use jaxspec.interop.cuda_originals (GPU only)")
+    return getattr(load_file(o.dist, o.version, o.path), o.symbol)
+
+
+@functools.cache
+def load_select_top_k_tokens() -> Callable[..., Any]:
+    """SGLang 0.5.23 ``select_top_k_tokens`` compiled from the published ``spec_utils.py`` function source."""
+    from typing import Optional
+
+    import torch
+
+    o = ORIGINALS["select_top_k_tokens"]
+    ns = {"torch": torch, "Optional": Optional, "fast_topk": _sglang_utils_source()["fast_topk"]}
+    fns = _source_function(
+        require(o.dist, o.version, o.path),
+        ("_select_top_k_tokens_first", "_select_top_k_tokens_later", "select_top_k_tokens"),
+        ns,
+    )
+    return fns["select_top_k_tokens"]
