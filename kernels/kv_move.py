@@ -1,0 +1,425 @@
+"""SGLang 0.5.23 ``MHATokenToKVPool.move_kv_cache`` / ``copy_all_layer_kv_cache_tiled``
+(``python/sglang/srt/mem_cache/memory_pool.py``, ``python/sglang/kernels/ops/kvcache/cache_move.py``) and
+``move_accept_tokens_to_target_kvcache`` + ``_compact_accept_to_front``
+(``python/sglang/srt/speculative/spec_utils.py``, ``eagle_worker_common.py``); ops-spec §10.
+
+Pool layout: all layers stacked, ``k_buffer`` / ``v_buffer`` of shape ``(L, X, H, E)`` (slots ``X``, any
+trailing feature dims, any dtype; bf16 typical), or the paged ``(L, P, G, H, E)`` with ``paged=True``:
+slot id = ``page * G + offset`` is exactly the row-major flattening of ``(P, G)``, so the same kernel
+serves every page size (the wrapper reshapes to ``(L, X, F)``, a free bitcast).
+
+Semantics: ``buf[:, tgt] = buf[:, src]`` for K and V, a parallel assignment. The Pallas kernel works in
+place (``input_output_aliases``; the jitted wrappers donate the buffers) and moves K and V of all layers
+in ONE launch. What it guarantees (see ``dynamic_validate_move`` for the exact rule):
+
+* pairs are cut into consecutive *chunks* of ``MoveConfig.rows`` pairs; a chunk gathers all its source
+  rows before it scatters (each thread owns one 16-byte column strip of every row of its chunk, so a
+  thread's loads precede its stores to the same address);
+* chunks are grouped into *spans* of ``span`` pairs, processed in index order by one program per
+  (span, layer, feature tile); spans run in parallel.
+* Hence the result equals the parallel assignment whenever every hazard (pair ``i`` reads a slot that a
+  different pair ``j`` overwrites with another value) has ``i`` and ``j`` in the same span and
+  ``chunk(i) <= chunk(j)``, and duplicate targets carry identical sources. ``span=None`` (one span) is
+  safe for SGLang's packed accept move (a reader always precedes its writer: entry k reads window slot
+  ``a_k >= k``); ``move_accept_tokens_to_target_kvcache`` lays pairs out request-aligned so that spans
+  are independent and the move runs fully parallel.
+* pairs with ``tgt == src`` (the root self-copy, the ``0 <- 0`` padding) are skipped: no traffic.
+"""
+
+import dataclasses
+import functools
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Int32
+
+from jaxspec._validate import check, check_shape, index_array, static_int
+from jaxspec.kernels._backend import compiler_params, load, pl, resolve_implementation, store
+from jaxspec.kernels.cache_locs import (
+    fill_accept_out_cache_loc,
+    fill_accept_out_cache_loc_reference,
+    fill_front_out_cache_loc_reference,
+)
+
+# One 16-byte vector per thread per row: the widest global access on sm_90 (LDG.128/STG.128).
+VECTOR_BYTES = 16
+_WARP = 32
+
+
+@dataclasses.dataclass(frozen=True)
+class MoveConfig:
+    """Static tiling of the KV-move kernel.
+
+    rows: pairs per chunk (power of two). Bytes in flight per program = rows * 2 (K, V) * tile bytes;
+      Little's law on the H200 (~4.5 TB/s x ~1 us) wants a few MB in flight GPU-wide, i.e.
+      rows * L * 2 * row_bytes >= ~2 MB: 16 rows at 32 x 2048-byte rows -> 2 MB.
+    num_warps: warps per program. The feature tile is ``VECTOR_BYTES/itemsize * 32 * num_warps``
+      elements (256 bf16 at one warp) so that Triton's blocked layout gives every thread one 16-byte
+      column strip across all rows of the chunk (the gather-before-scatter argument above).
+    """
+
+    rows: int = 16
+    num_warps: int = 1
+
+    def __post_init__(self):
+        for name in ("rows", "num_warps"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v < 1 or v & (v - 1):
+                raise ValueError(f"MoveConfig.{name}: expected a power of two >= 1, got {v!r}")
+
+    def feature_tile(self, features: int, itemsize: int) -> int:
+        tile = max(VECTOR_BYTES // itemsize, 1) * _WARP * self.num_warps
+        return min(tile, 1 << max(features - 1, 0).bit_length())
+
+
+DEFAULT_CONFIG = MoveConfig()
+
+
+class KVBuffers(NamedTuple):
+    """The (new) stacked pool buffers, same shapes/dtypes as given."""
+
+    k_buffer: Array
+    v_buffer: Array
+
+
+# ----------------------------------------------------------------------------------------------------
+# References
+# ----------------------------------------------------------------------------------------------------
+
+
+def _as_rows(buf, paged: bool):
+    if paged:
+        if buf.ndim < 3:
+            raise ValueError(f"paged pool: expected (L, P, G, ...), got shape {buf.shape}")
+        return buf.reshape(buf.shape[0], buf.shape[1] * buf.shape[2], -1)
+    if buf.ndim < 2:
+        raise ValueError(f"pool: expected (L, X, ...), got shape {buf.shape}")
+    return buf.reshape(buf.shape[0], buf.shape[1], -1)
+
+
+def move_kv_cache_reference(k_buffer, v_buffer, tgt_loc, src_loc, *, paged=False):
+    """``buf.at[:, tgt].set(buf[:, src])`` for K and V (XLA gather + scatter; parallel assignment)."""
+    out = []
+    for buf in (k_buffer, v_buffer):
+        rows = _as_rows(buf, paged)
+        out.append(rows.at[:, tgt_loc].set(rows[:, src_loc]).reshape(buf.shape))
+    return KVBuffers(*out)
+
+
+def compact_accept_to_front_reference(x, accept_index, *, num_draft_tokens):
+    """``out.reshape(B, N, ...)[:, :A] = x[clip(accept_index, 0).reshape(-1)].reshape(B, A, ...)``;
+    ``-1`` entries clamp to global node 0 (they land past ``accept_lens``, never read upstream)."""
+    bs, a = accept_index.shape
+    n = num_draft_tokens
+    safe = jnp.maximum(accept_index, 0).reshape(-1)
+    gathered = x[safe].reshape(bs, a, *x.shape[1:])
+    blocks = x.reshape(bs, n, *x.shape[1:])
+    return blocks.at[:, :a].set(gathered).reshape(x.shape)
+
+
+def move_accept_pairs_reference(accept_index, accept_lens, out_cache_loc):
+    """0.5.23 packed pairs: ``tgt = fill_front(accept_lens, out_cache_loc)``, ``src = fill_accept(...)``."""
+    a = accept_index.shape[1]
+    tgt = fill_front_out_cache_loc_reference(accept_lens, out_cache_loc, width=a)
+    src = fill_accept_out_cache_loc_reference(accept_index, out_cache_loc)
+    return tgt, src
+
+
+def move_accept_tokens_to_target_kvcache_reference(k_buffer, v_buffer, accept_index, accept_lens, out_cache_loc, *, paged=False):
+    tgt, src = move_accept_pairs_reference(accept_index, accept_lens, out_cache_loc)
+    return move_kv_cache_reference(k_buffer, v_buffer, tgt, src, paged=paged)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Host-side validation (tier b)
+# ----------------------------------------------------------------------------------------------------
+
+
+def move_hazards(tgt, src, *, rows: int, span: int, xp=np):
+    """Boolean ``(n,)`` per pair: True where pair ``i`` takes part in an illegal hazard.
+
+    Active pair: ``tgt != src``. Illegal: (dup) two pairs write the same slot from different sources;
+    (hazard) active ``i`` reads slot ``s``, active ``j != i`` writes ``s``, and ``span(i) != span(j)`` or
+    ``chunk(i) > chunk(j)`` (the writer's chunk may run first). O(n^2); for tests and debug mode.
+    """
+    n = tgt.shape[0]
+    i = xp.arange(n)
+    active = tgt != src
+    same_t = tgt[:, None] == tgt[None, :]
+    dup = same_t & (src[:, None] != src[None, :])
+    reads = (src[:, None] == tgt[None, :]) & active[:, None] & active[None, :] & (i[:, None] != i[None, :])
+    order_ok = ((i[:, None] // span) == (i[None, :] // span)) & ((i[:, None] // rows) <= (i[None, :] // rows))
+    bad = dup | (reads & ~order_ok)
+    return xp.any(bad, axis=1) | xp.any(bad, axis=0)
+
+
+def dynamic_validate_move(tgt_loc, src_loc, num_slots: int, *, span: int | None = None, config: MoveConfig = DEFAULT_CONFIG):
+    """Raise ``ValueError`` unless ``move_kv_cache(..., tgt_loc, src_loc, span=span, config=config)`` is
+    exactly the parallel assignment ``buf[tgt] = buf[src]``: slots in ``[0, num_slots)``, no target written
+    from two different sources, and every hazard ordered as the kernel guarantees (module docstring).
+
+    The legal 0.5.23 accept pattern (packed, request-major, ``0 <- 0`` padding) passes with ``span=None``.
+    """
+    tgt = np.asarray(tgt_loc).astype(np.int64).reshape(-1)
+    src = np.asarray(src_loc).astype(np.int64).reshape(-1)
+    if tgt.shape != src.shape:
+        raise ValueError(f"tgt_loc/src_loc: expected equal lengths, got {tgt.shape} and {src.shape}")
+    for name, x in (("tgt_loc", tgt), ("src_loc", src)):
+        bad = (x < 0) | (x >= num_slots)
+        if bad.any():
+            k = int(np.argmax(bad))
+            raise ValueError(f"{name}[{k}] = {int(x[k])} is out of range [0, {num_slots})")
+    n = tgt.shape[0]
+    if n == 0:
+        return
+    sp = n if span is None else span
+    same_t = tgt[:, None] == tgt[None, :]
+    dup = same_t & (src[:, None] != src[None, :])
+    if dup.any():
+        i, j = np.argwhere(dup)[0]
+        raise ValueError(f"duplicate target slot {int(tgt[i])} written from different sources (pairs {i} and {j})")
+    bad = move_hazards(tgt, src, rows=config.rows, span=sp)
+    if bad.any():
+        k = int(np.argmax(bad))
+        raise ValueError(
+            f"overlapping move: pair {k} ({int(tgt[k])} <- {int(src[k])}) reads or writes a slot that another pair "
+            f"overwrites in an order the kernel does not guarantee (rows={config.rows}, span={sp})"
+        )
+
+
+# ----------------------------------------------------------------------------------------------------
+# Pallas kernel
+# ----------------------------------------------------------------------------------------------------
+
+
+def _move_kernel(tgt_ref, src_ref, k_in, v_in, k_ref, v_ref, *, rows, span, tile, features, num_slots):
+    # tgt_ref, src_ref i32[n_pad] | k_in, v_in: aliased inputs (unused: the outputs alias the same HBM)
+    # k_ref, v_ref T[L, X, F] HBM, updated in place.
+    del k_in, v_in
+    s_id, layer, f_id = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+    cols = f_id * tile + jnp.arange(tile, dtype=jnp.int32)
+    col_ok = cols < features
+
+    def chunk(c, carry):
+        base = s_id * span + c * rows
+        t = tgt_ref[pl.ds(base, rows)]
+        s = src_ref[pl.ds(base, rows)]
+        act = t != s  # self-copies and 0 <- 0 padding move nothing
+        m = act[:, None] & col_ok[None, :]
+        s_idx = jnp.where(act, s, 0)[:, None]
+        t_idx = jnp.where(act, t, num_slots)[:, None]  # park masked rows out of range (interpret trap)
+        # gather K and V of the whole chunk before any scatter
+        kv = load(k_ref.at[layer, s_idx, cols[None, :]], mask=m)
+        vv = load(v_ref.at[layer, s_idx, cols[None, :]], mask=m)
+        store(k_ref.at[layer, t_idx, cols[None, :]], kv, mask=m)
+        store(v_ref.at[layer, t_idx, cols[None, :]], vv, mask=m)
+        return carry
+
+    jax.lax.fori_loop(0, span // rows, chunk, 0)
+
+
+def _move_pallas(k3, v3, tgt, src, *, span, config, interpret):
+    n = tgt.shape[0]
+    layers, num_slots, features = k3.shape
+    rows = config.rows
+    span = n if span is None else span
+    span = max(rows, -(-span // rows) * rows)  # whole chunks
+    n_pad = -(-n // span) * span
+    if n_pad != n:
+        pad = jnp.zeros((n_pad - n,), jnp.int32)
+        tgt, src = jnp.concatenate([tgt, pad]), jnp.concatenate([src, pad])
+    tile = config.feature_tile(features, k3.dtype.itemsize)
+    grid = (n_pad // span, layers, pl.cdiv(features, tile))
+    kernel = functools.partial(
+        _move_kernel, rows=rows, span=span, tile=tile, features=features, num_slots=num_slots
+    )
+    return pl.pallas_call(
+        kernel,
+        out_shape=(jax.ShapeDtypeStruct(k3.shape, k3.dtype), jax.ShapeDtypeStruct(v3.shape, v3.dtype)),
+        grid=grid,
+        input_output_aliases={2: 0, 3: 1},
+        interpret=interpret,
+        # num_stages=1: no software pipelining, so chunk c+1's loads never move above chunk c's stores.
+        compiler_params=compiler_params(num_warps=config.num_warps, num_stages=1),
+        name=f"move_kv_cache_rows{rows}_span{span}_tile{tile}",
+    )(tgt, src, k3, v3)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Public wrappers
+# ----------------------------------------------------------------------------------------------------
+
+
+def _check_pool(k_buffer, v_buffer, paged):
+    for name, b in (("k_buffer", k_buffer), ("v_buffer", v_buffer)):
+        if not jnp.issubdtype(b.dtype, jnp.floating) and not jnp.issubdtype(b.dtype, jnp.integer):
+            raise ValueError(f"{name}: expected a float (or raw integer) KV dtype, got {b.dtype}")
+        if b.ndim < (3 if paged else 2):
+            raise ValueError(f"{name}: expected shape {'(L, P, G, ...)' if paged else '(L, X, ...)'}, got {b.shape}")
+    lead = 3 if paged else 2
+    if k_buffer.shape[:lead] != v_buffer.shape[:lead]:
+        raise ValueError(f"k_buffer/v_buffer: slot dims differ: {k_buffer.shape=} {v_buffer.shape=}")
+    return int(np.prod(k_buffer.shape[1:lead]))
+
+
+def _loc(name, x, shape):
+    dtype = getattr(x, "dtype", None)
+    if isinstance(x, jax.core.Tracer):
+        if dtype != jnp.int32:
+            raise ValueError(f"{name}: expected int32 slot ids inside jit, got {dtype}")
+        check_shape(name, x, shape)
+        return x
+    return index_array(name, x, shape)
+
+
+def _move(k_buffer, v_buffer, tgt, src, *, span, paged, config, impl, interpret):
+    if impl == "reference" or tgt.shape[0] == 0 or k_buffer.shape[0] == 0 or k_buffer.size == 0:
+        if tgt.shape[0] == 0 or k_buffer.size == 0:
+            return KVBuffers(k_buffer, v_buffer)
+        return move_kv_cache_reference(k_buffer, v_buffer, tgt, src, paged=paged)
+    k3, v3 = _as_rows(k_buffer, paged), _as_rows(v_buffer, paged)
+    if k3.shape[2] != v3.shape[2] or k3.dtype != v3.dtype:
+        raise ValueError(
+            f"k_buffer/v_buffer: the Pallas move runs K and V in one launch and needs equal row widths and "
+            f"dtypes, got {k_buffer.shape=} {k_buffer.dtype} and {v_buffer.shape=} {v_buffer.dtype}; "
+            f"use implementation='reference'"
+        )
+    kk, vv = _move_pallas(k3, v3, tgt, src, span=span, config=config, interpret=interpret)
+    return KVBuffers(kk.reshape(k_buffer.shape), vv.reshape(v_buffer.shape))
+
+
+@functools.partial(
+    jax.jit,
+    static_argnames=("span", "paged", "config", "implementation", "interpret"),
+    donate_argnames=("k_buffer", "v_buffer"),
+)
+def move_kv_cache(
+    k_buffer: Array,
+    v_buffer: Array,
+    tgt_loc: Int32[Array, " n"],
+    src_loc: Int32[Array, " n"],
+    *,
+    span: int | None = None,
+    paged: bool = False,
+    config: MoveConfig = DEFAULT_CONFIG,
+    implementation: str = "auto",
+    interpret: bool = False,
+) -> KVBuffers:
+    """Move KV rows of every layer: ``buf[:, tgt] = buf[:, src]`` for K and V, in place (buffers donated).
+
+    ``k_buffer``/``v_buffer``: ``(L, X, *features)`` or, with ``paged=True``, ``(L, P, G, *features)``;
+    locations are slot ids (``page * G + offset``). ``span``: pairs per independent program group (see the
+    module docstring; ``None`` = one group, safe for any read-before-write-in-index-order pattern such as
+    SGLang's packed accept move). Checked mode: slots in range, and the hazard rule of
+    ``dynamic_validate_move`` (O(n^2), debug only).
+    """
+    num_slots = _check_pool(k_buffer, v_buffer, paged)
+    tgt = _loc("tgt_loc", tgt_loc, (None,))
+    src = _loc("src_loc", src_loc, (tgt.shape[0],))
+    if span is not None:
+        static_int("span", span, 1)
+    check(jnp.all((tgt >= 0) & (tgt < num_slots)), f"move_kv_cache: tgt_loc out of range [0, {num_slots})")
+    check(jnp.all((src >= 0) & (src < num_slots)), f"move_kv_cache: src_loc out of range [0, {num_slots})")
+    if tgt.shape[0]:
+        sp = tgt.shape[0] if span is None else span
+        check(~jnp.any(move_hazards(tgt, src, rows=config.rows, span=sp, xp=jnp)),
+              "move_kv_cache: overlapping src/tgt pairs (order-dependent move)")
+    impl = resolve_implementation(implementation, interpret)
+    return _move(k_buffer, v_buffer, tgt, src, span=span, paged=paged, config=config, impl=impl, interpret=interpret)
+
+
+def _aligned_accept_pairs(accept_index, accept_lens, out_cache_loc, width):
+    """Request-aligned pairs ``(B, width)``: row b, entry k < accept_lens[b]: ``window[b, k] <- ocl[accept_index[b, k]]``;
+    other entries ``0 <- 0`` (skipped). Same pool effect as 0.5.23's packed pairs when each row's valid
+    entries are its first ``accept_lens[b]`` (verify's output contract; checked mode asserts it)."""
+    bs, a = accept_index.shape
+    n = out_cache_loc.shape[0] // bs
+    k = jnp.arange(width, dtype=jnp.int32)
+    use = (k[None, :] < accept_lens[:, None]) & (k[None, :] < a)
+    ai = jnp.pad(accept_index, ((0, 0), (0, width - a)), constant_values=-1)
+    tgt = out_cache_loc[jnp.arange(bs, dtype=jnp.int32)[:, None] * n + jnp.minimum(k, n - 1)[None, :]]
+    src = out_cache_loc[jnp.clip(ai, 0, out_cache_loc.shape[0] - 1)]
+    zero = jnp.zeros_like(tgt)
+    return jnp.where(use, tgt, zero).reshape(-1), jnp.where(use, src, zero).reshape(-1)
+
+
+@functools.partial(
+    jax.jit,
+    static_argnames=("paged", "config", "implementation", "interpret"),
+    donate_argnames=("k_buffer", "v_buffer"),
+)
+def move_accept_tokens_to_target_kvcache(
+    k_buffer: Array,
+    v_buffer: Array,
+    accept_index: Int32[Array, "B A"],
+    accept_lens: Int32[Array, " B"],
+    out_cache_loc: Int32[Array, " BN"],
+    *,
+    paged: bool = False,
+    config: MoveConfig = DEFAULT_CONFIG,
+    implementation: str = "auto",
+    interpret: bool = False,
+) -> KVBuffers:
+    """0.5.23 spec-accept KV move (K > 1 only upstream): the accepted path's KV rows go to the front of
+    each request's verify window. ``src = fill_accept_out_cache_loc(accept_index, out_cache_loc)``,
+    ``tgt = fill_front_out_cache_loc(accept_lens, out_cache_loc, width=A)`` (``accept_lens`` =
+    ``num_correct_drafts + 1``), then ``move_kv_cache(tgt, src)``. Buffers donated; returns the new ones.
+
+    The Pallas path lays the same pairs out request-aligned (one 2^k-padded row of pairs per request) so
+    that programs are independent (every hazard lies inside one request and reads precede writes).
+    """
+    _check_pool(k_buffer, v_buffer, paged)
+    ai = _loc("accept_index", accept_index, (None, None))
+    bs, a = ai.shape
+    lens = _loc("accept_lens", accept_lens, (bs,))
+    ocl = _loc("out_cache_loc", out_cache_loc, (None,))
+    if bs == 0 or a == 0:
+        return KVBuffers(k_buffer, v_buffer)
+    if ocl.shape[0] % bs:
+        raise ValueError(f"out_cache_loc: expected B*N entries with B={bs}, got out_cache_loc.shape={ocl.shape}")
+    n = ocl.shape[0] // bs
+    kk = jnp.arange(a, dtype=jnp.int32)
+    check(jnp.all((lens >= 0) & (lens <= min(a, n))), f"accept_lens: expected values in [0, min(A, N) = {min(a, n)}]")
+    check(jnp.all((ai >= 0) == (kk[None, :] < lens[:, None])),
+          "accept_index: the valid (>= 0) entries of row b must be its first accept_lens[b] entries")
+    check(jnp.all((ai >= -1) & (ai < ocl.shape[0])), f"accept_index: expected -1 or a node id in [0, {ocl.shape[0]})")
+    impl = resolve_implementation(implementation, interpret)
+    if impl == "reference":
+        return move_accept_tokens_to_target_kvcache_reference(k_buffer, v_buffer, ai, lens, ocl, paged=paged)
+    width = 1 << max(a - 1, 0).bit_length()
+    tgt, src = _aligned_accept_pairs(ai, lens, ocl, width)
+    span = max(width, config.rows)  # whole requests per span; requests never straddle spans
+    return _move(k_buffer, v_buffer, tgt, src, span=span, paged=paged, config=config, impl=impl, interpret=interpret)
+
+
+@functools.partial(jax.jit, static_argnames=("num_draft_tokens",))
+def compact_accept_to_front(x: Array, accept_index: Int32[Array, "B A"], *, num_draft_tokens: int) -> Array:
+    """Rewrite node-indexed ``x`` (``predict`` ``(B*N,)``, hidden ``(B*N, H)``) so the accepted path sits at
+    the front of each request's ``N``-block (0.5.23 ``_compact_accept_to_front``); ``-1`` clamps to global
+    node 0. One fused XLA gather/scatter (no Pallas kernel: it is a few KB to a few MB of contiguous rows)."""
+    ai = _loc("accept_index", accept_index, (None, None))
+    n = static_int("num_draft_tokens", num_draft_tokens, 1)
+    bs, a = ai.shape
+    if x.shape[:1] != (bs * n,):
+        raise ValueError(f"x: expected leading dim B*N = {bs * n}, got {x.shape=}")
+    if a > n:
+        raise ValueError(f"accept_index: expected A <= N = {n}, got {ai.shape=}")
+    return compact_accept_to_front_reference(x, ai, num_draft_tokens=n)
+
+
+__all__ = [
+    "DEFAULT_CONFIG",
+    "KVBuffers",
+    "MoveConfig",
+    "compact_accept_to_front",
+    "compact_accept_to_front_reference",
+    "dynamic_validate_move",
+    "move_accept_pairs_reference",
+    "move_accept_tokens_to_target_kvcache",
+    "move_accept_tokens_to_target_kvcache_reference",
+    "move_hazards",
+    "move_kv_cache",
+    "move_kv_cache_reference",
+]
