@@ -253,6 +253,24 @@ def _index(name, x, shape):
     return index_array(name, x, shape)
 
 
+def _host_narrowed(jitted, names):
+    """Public entry: range-check concrete wide-integer index arguments on the host (``index_array``: never a
+    silent int64 -> int32 truncation at the jit boundary), then call the jitted op."""
+
+    @functools.wraps(jitted)
+    def wrapper(*args, **kwargs):
+        args = list(args)
+        for i, name in enumerate(names[: len(args)]):
+            a = args[i]
+            dt = getattr(a, "dtype", None)
+            if name and dt is not None and not isinstance(a, jax.core.Tracer) and jnp.issubdtype(dt, jnp.integer) and dt != jnp.int32:
+                args[i] = index_array(name, a)
+        return jitted(*args, **kwargs)
+
+    wrapper.jitted = jitted
+    return wrapper
+
+
 def _check_rows(name, rpi, num_rows):
     check(jnp.all((rpi >= 0) & (rpi < num_rows)), f"{name}: pool row out of range [0, {num_rows})")
 
@@ -290,6 +308,9 @@ def assign_extend_cache_locs(
     return _extend_pallas(rpi, r2t, start, end, out_size=out_size, interpret=interpret)
 
 
+assign_extend_cache_locs = _host_narrowed(assign_extend_cache_locs, ("req_pool_indices", "req_to_token", "start_offset", "end_offset"))
+
+
 @functools.partial(jax.jit, static_argnames=("width", "with_positions", "implementation", "interpret"))
 def assign_extend_cache_locs_uniform(
     req_pool_indices: Int32[Array, " B"],
@@ -318,6 +339,9 @@ def assign_extend_cache_locs_uniform(
     if resolve_implementation(implementation, interpret) == "reference":
         return assign_extend_cache_locs_uniform_reference(rpi, r2t, seq, width=width, with_positions=with_positions)
     return _uniform_pallas(rpi, r2t, seq, width=width, with_positions=with_positions, interpret=interpret)
+
+
+assign_extend_cache_locs_uniform = _host_narrowed(assign_extend_cache_locs_uniform, ("req_pool_indices", "req_to_token", "seq_lens"))
 
 
 @functools.partial(jax.jit, static_argnames=("width", "implementation", "interpret"))
@@ -351,6 +375,9 @@ def fill_front_out_cache_loc(
     return _extend_pallas(rows, ocl.reshape(bs, n), jnp.zeros_like(nf), nf, out_size=bs * width, interpret=interpret)
 
 
+fill_front_out_cache_loc = _host_narrowed(fill_front_out_cache_loc, ("num_front", "out_cache_loc"))
+
+
 @functools.partial(jax.jit, static_argnames=("implementation", "interpret"))
 def fill_accept_out_cache_loc(
     accept_index: Int32[Array, "B A"],
@@ -377,6 +404,9 @@ def fill_accept_out_cache_loc(
     if impl == "reference":
         return fill_accept_out_cache_loc_reference(ai, ocl)
     return _accept_pallas(ai, ocl, interpret=interpret)
+
+
+fill_accept_out_cache_loc = _host_narrowed(fill_accept_out_cache_loc, ("accept_index", "out_cache_loc"))
 
 
 @functools.partial(jax.jit, static_argnames=("topk", "num_steps", "num_cols", "implementation", "interpret"))
@@ -406,6 +436,9 @@ def assign_draft_cache_locs(
     ).out_cache_loc
     seq = _index("seq_lens", seq_lens, (None,))
     return DraftCacheLocs(locs, jnp.repeat(seq, topk, total_repeat_length=seq.shape[0] * topk))
+
+
+assign_draft_cache_locs = _host_narrowed(assign_draft_cache_locs, ("req_pool_indices", "req_to_token", "seq_lens"))
 
 
 __all__ = [
