@@ -38,7 +38,7 @@ from jaxtyping import Array, Int32
 from jaxspec._validate import check, check_shape, index_array, static_int
 from jaxspec.kernels._backend import compiler_params, load, pl, resolve_implementation, store
 from jaxspec.kernels.cache_locs import (
-    fill_accept_out_cache_loc,
+    _host_narrowed,
     fill_accept_out_cache_loc_reference,
     fill_front_out_cache_loc_reference,
 )
@@ -330,6 +330,9 @@ def move_kv_cache(
     return _move(k_buffer, v_buffer, tgt, src, span=span, paged=paged, config=config, impl=impl, interpret=interpret)
 
 
+move_kv_cache = _host_narrowed(move_kv_cache, (None, None, "tgt_loc", "src_loc"))
+
+
 def _aligned_accept_pairs(accept_index, accept_lens, out_cache_loc, width):
     """Request-aligned pairs ``(B, width)``: row b, entry k < accept_lens[b]: ``window[b, k] <- ocl[accept_index[b, k]]``;
     other entries ``0 <- 0`` (skipped). Same pool effect as 0.5.23's packed pairs when each row's valid
@@ -394,6 +397,9 @@ def move_accept_tokens_to_target_kvcache(
     return _move(k_buffer, v_buffer, tgt, src, span=span, paged=paged, config=config, impl=impl, interpret=interpret)
 
 
+move_accept_tokens_to_target_kvcache = _host_narrowed(move_accept_tokens_to_target_kvcache, (None, None, "accept_index", "accept_lens", "out_cache_loc"))
+
+
 @functools.partial(jax.jit, static_argnames=("num_draft_tokens",))
 def compact_accept_to_front(x: Array, accept_index: Int32[Array, "B A"], *, num_draft_tokens: int) -> Array:
     """Rewrite node-indexed ``x`` (``predict`` ``(B*N,)``, hidden ``(B*N, H)``) so the accepted path sits at
@@ -407,6 +413,9 @@ def compact_accept_to_front(x: Array, accept_index: Int32[Array, "B A"], *, num_
     if a > n:
         raise ValueError(f"accept_index: expected A <= N = {n}, got {ai.shape=}")
     return compact_accept_to_front_reference(x, ai, num_draft_tokens=n)
+
+
+compact_accept_to_front = _host_narrowed(compact_accept_to_front, (None, "accept_index"))
 
 
 __all__ = [

@@ -1,0 +1,280 @@
+"""kernels/kv_move.py: Pallas (interpret on CPU) == jnp reference == NumPy oracle, bit for bit.
+
+Golden: SGLang 0.5.23 (ops-spec §10): packed pairs from fill_front/fill_accept, parallel assignment.
+Pools are built from integer iotas bit-cast to bf16/f32 (every element distinct and never NaN), so
+"unchanged" is a bit-exact statement; every slot outside the target set must stay bit-identical.
+"""
+
+import numpy as np
+import pytest
+import jax
+import jax.numpy as jnp
+from jax.experimental import checkify
+
+from jaxspec._validate import checks
+from jaxspec.kernels import kv_move as M
+
+SEED = np.random.SeedSequence().entropy
+BF16_FINITE = 0x7F00  # uint16 patterns below 0x7F80 are finite positive bf16 values
+
+
+def make_pool(shape, dtype, offset):
+    """Distinct, NaN-free bit patterns: K and V pools use disjoint ranges via ``offset``."""
+    n = int(np.prod(shape))
+    if dtype == jnp.bfloat16:
+        assert 2 * n <= BF16_FINITE
+        bits = (jnp.arange(n, dtype=jnp.int32) + offset) % BF16_FINITE
+        return jax.lax.bitcast_convert_type(bits.astype(jnp.uint16), jnp.bfloat16).reshape(shape)
+    bits = jnp.arange(n, dtype=jnp.int32) + offset  # < 2^23: positive normal/subnormal f32, no NaN
+    return jax.lax.bitcast_convert_type(bits, jnp.float32).reshape(shape)
+
+
+def bits(x):
+    x = np.asarray(jax.lax.bitcast_convert_type(x, jnp.uint16 if x.dtype == jnp.bfloat16 else jnp.uint32))
+    return x
+
+
+def np_move(buf_bits, tgt, src, paged):
+    """Oracle: parallel assignment on a (L, X, F) view of the bit patterns."""
+    shape = buf_bits.shape
+    rows = buf_bits.reshape(shape[0], shape[1] * shape[2], -1) if paged else buf_bits.reshape(shape[0], shape[1], -1)
+    out = rows.copy()
+    out[:, tgt] = rows[:, src]
+    return out.reshape(shape)
+
+
+def random_disjoint_move(rng, num_slots, n):
+    """Hazard-free general move: distinct targets, sources drawn from the other slots."""
+    perm = rng.permutation(np.arange(1, num_slots))
+    tgt = perm[:n].astype(np.int32)
+    src = rng.choice(perm[n:], n, replace=True).astype(np.int32)
+    return tgt, src
+
+
+def random_accept(rng, bs, a, n):
+    lens = rng.integers(1, a + 1, bs)
+    ai = -np.ones((bs, a), np.int32)
+    for b in range(bs):
+        nodes = np.sort(rng.choice(np.arange(1, n), lens[b] - 1, replace=False)) if lens[b] > 1 else []
+        ai[b, : lens[b]] = b * n + np.concatenate([[0], nodes]).astype(np.int32)
+    return ai, lens.astype(np.int32)
+
+
+class _KVMoveCases:
+    """Shared cases; the GPU class and the interpret class are siblings (pytest inherits class marks)."""
+
+    INTERPRET = False
+
+    def check_move(self, shape, dtype, tgt, src, *, paged=False, span=None, config=M.DEFAULT_CONFIG):
+        k0, v0 = make_pool(shape, dtype, 0), make_pool(shape, dtype, 17)
+        kb, vb = bits(k0), bits(v0)  # host copies: the device buffers are donated below
+        want_k, want_v = np_move(kb, tgt, src, paged), np_move(vb, tgt, src, paged)
+        ref = M.move_kv_cache(make_pool(shape, dtype, 0), make_pool(shape, dtype, 17), tgt, src,
+                              paged=paged, implementation="reference")
+        out = M.move_kv_cache(k0, v0, tgt, src, paged=paged, span=span, config=config,
+                              implementation="pallas", interpret=self.INTERPRET)
+        for got, r, want, orig in ((out.k_buffer, ref.k_buffer, want_k, kb), (out.v_buffer, ref.v_buffer, want_v, vb)):
+            assert got.shape == shape and got.dtype == dtype
+            np.testing.assert_array_equal(bits(got), want, err_msg=f"{SEED=}")
+            np.testing.assert_array_equal(bits(r), want, err_msg=f"{SEED=}")
+            # poison check: everything outside the target slots is bit-identical to before
+            flat_got = bits(got).reshape(shape[0], -1, *shape[3 if paged else 2:])
+            flat_orig = orig.reshape(flat_got.shape)
+            keep = np.setdiff1d(np.arange(flat_got.shape[1]), np.asarray(tgt))
+            np.testing.assert_array_equal(flat_got[:, keep], flat_orig[:, keep])
+
+    @pytest.mark.parametrize("n,rows", [(1, 16), (37, 16), (64, 8)])
+    def test_random_move_bf16(self, n, rows):
+        rng = np.random.default_rng([SEED, n])
+        shape = (3, 96, 2, 16)  # L, X, H, E; F = 32 features: sizes not a multiple of the block
+        tgt, src = random_disjoint_move(rng, shape[1], n)
+        M.dynamic_validate_move(tgt, src, shape[1], span=rows, config=M.MoveConfig(rows=rows))
+        self.check_move(shape, jnp.bfloat16, tgt, src, span=rows, config=M.MoveConfig(rows=rows))
+
+    def test_paged_page16_f32(self):
+        rng = np.random.default_rng([SEED, 16])
+        shape = (2, 6, 16, 3, 5)  # L, P, G=16, H, E (F=15, not a power of two)
+        tgt, src = random_disjoint_move(rng, 6 * 16, 21)
+        self.check_move(shape, jnp.float32, tgt, src, paged=True)
+
+    def test_empty_move(self):
+        self.check_move((2, 8, 2, 8), jnp.bfloat16, np.zeros(0, np.int32), np.zeros(0, np.int32))
+
+    def test_ordered_overlap_sequential_chunks(self):
+        # a chain slide 1<-2<-3<-...: reads precede writes in index order -> legal with one span, any rows
+        tgt = np.arange(1, 40, dtype=np.int32)
+        src = tgt + 1
+        M.dynamic_validate_move(tgt, src, 64, config=M.MoveConfig(rows=4))
+        self.check_move((2, 64, 1, 8), jnp.bfloat16, tgt, src, config=M.MoveConfig(rows=4))
+
+    # --- the spec-accept move --------------------------------------------------------------------------
+
+    @pytest.mark.parametrize("bs,a,n,g", [(9, 6, 8, 1), (5, 4, 16, 16)])
+    def test_move_accept(self, bs, a, n, g):
+        rng = np.random.default_rng([SEED, bs, a, n])
+        ai, lens = random_accept(rng, bs, a, n)
+        num_slots = 1 + bs * n + 23
+        num_slots = -(-num_slots // g) * g
+        # verify window slots: a random permutation of the pool (slot 0 is the dummy slot)
+        ocl = (1 + rng.permutation(num_slots - 1)[: bs * n]).astype(np.int32)
+        shape = (2, num_slots // g, g, 2, 8) if g > 1 else (2, num_slots, 2, 8)
+        tgt, src = (np.asarray(x) for x in M.move_accept_pairs_reference(jnp.asarray(ai), jnp.asarray(lens), jnp.asarray(ocl)))
+        M.dynamic_validate_move(tgt, src, num_slots)  # the legal pattern passes
+        k0, v0 = make_pool(shape, jnp.bfloat16, 0), make_pool(shape, jnp.bfloat16, 5)
+        kb, vb = bits(k0), bits(v0)
+        out = M.move_accept_tokens_to_target_kvcache(k0, v0, ai, lens, ocl, paged=g > 1,
+                                                     implementation="pallas", interpret=self.INTERPRET)
+        ref = M.move_accept_tokens_to_target_kvcache(make_pool(shape, jnp.bfloat16, 0), make_pool(shape, jnp.bfloat16, 5),
+                                                     ai, lens, ocl, paged=g > 1, implementation="reference")
+        for got, r, orig in ((out.k_buffer, ref.k_buffer, kb), (out.v_buffer, ref.v_buffer, vb)):
+            want = np_move(orig, tgt, src, g > 1)
+            np.testing.assert_array_equal(bits(r), want, err_msg=f"{SEED=}")
+            np.testing.assert_array_equal(bits(got), want, err_msg=f"{SEED=}")
+
+    def test_worked_example_10_1(self):
+        # ops-spec §10.1: accept_index [[0,3,4,5],[6,10,11,-1]], out_cache_loc = 100 + arange(12), lens [4,3]
+        ai = np.array([[0, 3, 4, 5], [6, 10, 11, -1]], np.int32)
+        ocl = 100 + np.arange(12, dtype=np.int32)
+        lens = np.array([4, 3], np.int32)
+        tgt, src = M.move_accept_pairs_reference(jnp.asarray(ai), jnp.asarray(lens), jnp.asarray(ocl))
+        np.testing.assert_array_equal(src, [100, 103, 104, 105, 106, 110, 111, 0])
+        np.testing.assert_array_equal(tgt, [100, 101, 102, 103, 106, 107, 108, 0])
+        shape = (2, 128, 1, 8)
+        k0 = make_pool(shape, jnp.bfloat16, 0)
+        kb = bits(k0)
+        out = M.move_accept_tokens_to_target_kvcache(k0, make_pool(shape, jnp.bfloat16, 9), ai, lens, ocl,
+                                                     implementation="pallas", interpret=self.INTERPRET)
+        got = bits(out.k_buffer)
+        for t, s in zip([101, 102, 103, 107, 108], [103, 104, 105, 110, 111]):
+            np.testing.assert_array_equal(got[:, t], kb[:, s])
+        np.testing.assert_array_equal(got[:, 104:107], kb[:, 104:107])
+
+
+@pytest.mark.gpu
+class TestKVMove(_KVMoveCases):
+    """Compiled Pallas on the GPU (skipped without one)."""
+
+    INTERPRET = False
+
+
+class TestKVMoveInterpret(_KVMoveCases):
+    """The same cases in Pallas interpret mode on CPU."""
+
+    INTERPRET = True
+
+
+# ----------------------------------------------------------------------------------------------------
+# compact_accept_to_front, validation, checked mode
+# ----------------------------------------------------------------------------------------------------
+
+
+def test_compact_worked_example_10_2():
+    # ops-spec §10.2 (B=2, N=6, A=4; the accept_index of §10.1; -1 clamps to global node 0 = token 3)
+    predict = np.array([3, 0, 0, 4, 5, 18, 11, 0, 0, 0, 12, 18], np.int32)
+    ai = np.array([[0, 3, 4, 5], [6, 10, 11, -1]], np.int32)
+    out = M.compact_accept_to_front(predict, ai, num_draft_tokens=6)
+    np.testing.assert_array_equal(out, [3, 4, 5, 18, 5, 18, 11, 12, 18, 3, 12, 18])
+    select_index = np.array([3, 8])  # b*N + accept_lens - 1 with accept_lens [4, 3]
+    np.testing.assert_array_equal(np.asarray(out)[select_index], [18, 18])
+
+
+def test_compact_hidden_matches_numpy():
+    rng = np.random.default_rng([SEED, 3])
+    bs, n, a, h = 4, 8, 6, 5
+    ai, _ = random_accept(rng, bs, a, n)
+    x = rng.standard_normal((bs * n, h)).astype(np.float32)
+    want = x.copy()
+    want.reshape(bs, n, h)[:, :a] = x[np.maximum(ai, 0).reshape(-1)].reshape(bs, a, h)
+    np.testing.assert_array_equal(M.compact_accept_to_front(x, ai, num_draft_tokens=n), want)
+
+
+def test_dynamic_validate_move_errors():
+    with pytest.raises(ValueError, match=r"tgt_loc\[1\] = 64 is out of range \[0, 64\)"):
+        M.dynamic_validate_move([1, 64], [2, 3], 64)
+    with pytest.raises(ValueError, match=r"src_loc\[0\] = -1 is out of range"):
+        M.dynamic_validate_move([1], [-1], 64)
+    with pytest.raises(ValueError, match="duplicate target slot 5 written from different sources"):
+        M.dynamic_validate_move([5, 5], [1, 2], 64)
+    # writer (pair 0, chunk 0) runs before the reader (pair 1, chunk 1) with rows=1: order-dependent
+    with pytest.raises(ValueError, match="overlapping move"):
+        M.dynamic_validate_move([6, 5], [7, 6], 64, config=M.MoveConfig(rows=1))
+    M.dynamic_validate_move([6, 5], [7, 6], 64, config=M.MoveConfig(rows=2))  # same chunk: gathered first
+    # hazard across independent spans
+    with pytest.raises(ValueError, match="overlapping move"):
+        M.dynamic_validate_move([5, 6], [6, 7], 64, span=1, config=M.MoveConfig(rows=1))
+    M.dynamic_validate_move([5, 6], [6, 7], 64, config=M.MoveConfig(rows=1))  # one span: reader first
+    M.dynamic_validate_move([0, 0, 3], [0, 0, 3], 64)  # 0 <- 0 padding and self-copies are legal
+
+
+def test_dynamic_validate_accepts_legal_accept_pattern():
+    rng = np.random.default_rng([SEED, 99])
+    for bs, a, n in [(1, 4, 4), (128, 6, 16)]:
+        ai, lens = random_accept(rng, bs, a, n)
+        ocl = (1 + rng.permutation(bs * n * 2)[: bs * n]).astype(np.int32)
+        tgt, src = M.move_accept_pairs_reference(jnp.asarray(ai), jnp.asarray(lens), jnp.asarray(ocl))
+        M.dynamic_validate_move(tgt, src, bs * n * 2 + 1, config=M.MoveConfig(rows=1))
+        M.dynamic_validate_move(tgt, src, bs * n * 2 + 1)
+
+
+def _checked_move(tgt, src, **kw):
+    shape = (1, 16, 1, 8)
+    with checks(True):
+        f = checkify.checkify(lambda k, v, t, s: M.move_kv_cache(k, v, t, s, implementation="reference", **kw))
+        err, _ = f(make_pool(shape, jnp.bfloat16, 0), make_pool(shape, jnp.bfloat16, 3),
+                   jnp.asarray(tgt, jnp.int32), jnp.asarray(src, jnp.int32))
+    return err
+
+
+def test_checked_mode_move():
+    with pytest.raises(checkify.JaxRuntimeError, match="tgt_loc out of range"):
+        _checked_move([1, 16], [2, 3]).throw()
+    with pytest.raises(checkify.JaxRuntimeError, match="overlapping src/tgt"):
+        _checked_move([6, 5], [7, 6], config=M.MoveConfig(rows=1)).throw()
+    # the legal accept pattern does not fire (in-jit check, default config)
+    assert _checked_move([1, 2, 3, 7, 8, 0], [1, 4, 5, 7, 11, 0]).get() is None
+    assert _checked_move([1, 2, 3, 4], [3, 4, 5, 6], config=M.MoveConfig(rows=1)).get() is None
+
+
+def test_checked_mode_accept_rows():
+    shape = (1, 32, 1, 8)
+    ai = jnp.array([[0, -1, 2]], jnp.int32)  # hole: valid entries are not a prefix
+    with checks(True):
+        f = checkify.checkify(lambda k, v: M.move_accept_tokens_to_target_kvcache(
+            k, v, ai, jnp.array([2], jnp.int32), jnp.arange(1, 4, dtype=jnp.int32), implementation="reference"))
+        err, _ = f(make_pool(shape, jnp.bfloat16, 0), make_pool(shape, jnp.bfloat16, 1))
+    with pytest.raises(checkify.JaxRuntimeError, match="first accept_lens"):
+        err.throw()
+
+
+def test_trace_time_errors():
+    k = make_pool((1, 8, 1, 8), jnp.bfloat16, 0)
+    with pytest.raises(ValueError, match="tgt_loc: expected (an integer dtype|int32)"):
+        M.move_kv_cache(k, k + 0, np.zeros(2, np.float32), np.zeros(2, np.int32))
+    with pytest.raises(ValueError, match=r"src_loc: expected shape \(2,\)"):
+        M.move_kv_cache(k + 0, k + 0, np.zeros(2, np.int32), np.zeros(3, np.int32))
+    with pytest.raises(ValueError, match="k_buffer/v_buffer: slot dims differ"):
+        M.move_kv_cache(k + 0, make_pool((1, 9, 1, 8), jnp.bfloat16, 0), np.zeros(2, np.int32), np.zeros(2, np.int32))
+    with pytest.raises(ValueError, match="int64 value 4294967296 does not fit"):
+        M.move_kv_cache(k + 0, k + 0, np.array([2**32], np.int64), np.zeros(1, np.int32))
+    with pytest.raises(ValueError, match="MoveConfig.rows: expected a power of two"):
+        M.MoveConfig(rows=6)
+    with pytest.raises(ValueError, match="x: expected leading dim B\\*N = 12"):
+        M.compact_accept_to_front(np.zeros(10, np.int32), np.zeros((2, 3), np.int32), num_draft_tokens=6)
+
+
+def test_move_lowers_through_triton():
+    """The move kernel lowers to Triton IR (GPU path), checked on CPU via the Triton lowering rule."""
+    from jax._src.interpreters import mlir
+    from jax._src.pallas import pallas_call
+    from jax._src.pallas.triton import pallas_call_registration as reg
+
+    mlir.register_lowering(pallas_call.pallas_call_p, reg.pallas_call_lowering, platform="cpu")
+    try:
+        kb = jax.ShapeDtypeStruct((4, 1024, 1024), jnp.bfloat16)
+        i32 = jax.ShapeDtypeStruct((100,), jnp.int32)
+        for span in (None, 16):
+            txt = jax.jit(lambda k, v, t, s, span=span: M._move_pallas(k, v, t, s, span=span, config=M.DEFAULT_CONFIG,
+                                                                         interpret=False)).lower(kb, kb, i32, i32).as_text()
+            assert "xla.gpu.triton" in txt
+    finally:
+        mlir.register_lowering(pallas_call.pallas_call_p, pallas_call._pallas_call_lowering, platform="cpu")
