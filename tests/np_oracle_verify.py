@@ -1,0 +1,243 @@
+"""NumPy loop oracles for jaxspec.spec.verify / accept, written from docs/ops-spec.md (§2.2-§7, Appendix A).
+
+Golden reference: SGLang 0.5.23 (strict ``coin < prob_acc / thr_acc`` and the ``p > 0`` guard). The
+loops follow the per-request scalar walks of the CUDA kernels line for line (one request at a time,
+float32 scalars, the ``draft_probs`` residual mutated in place on a private copy) so that the
+vectorised JAX implementation can be compared with them exactly on integers.
+
+Also random valid-tree generation: a NumPy model of ``select_top_k_tokens`` (beam expansion) feeding the
+Appendix-A ``organize`` and the link-building part of ``build_tree``.
+"""
+
+import numpy as np
+
+F32 = np.float32
+
+
+# ----------------------------------------------------------------------------------------------------
+# Tree generation (ops-spec §1, §2.2, §3.2-3.3, Appendix A)
+# ----------------------------------------------------------------------------------------------------
+
+
+def organize(score_list, token_list, parents_list, n):
+    """Appendix A ``organize``: top-(n-1) candidates (stable ties), sorted; parent list without the last step."""
+    s = np.concatenate([x.reshape(x.shape[0], -1) for x in score_list], 1)
+    t = np.concatenate(token_list, 1)
+    sel = np.sort(np.argsort(-s, axis=1, kind="stable")[:, : n - 1], axis=1)
+    pl = np.concatenate(parents_list[:-1], 1) if len(parents_list) > 1 else np.zeros((s.shape[0], 0), np.int64)
+    return pl, sel, np.take_along_axis(t, sel, 1)
+
+
+def build_links(pl, sel, topk, n):
+    """Appendix A ``build_tree``, retrieve arrays only: ``(retrieve_index, next_token, next_sibling)``."""
+    bs = sel.shape[0]
+    ri, nt, ns = (np.full((bs, n), -1, np.int64) for _ in range(3))
+
+    def parent(b, t):
+        ptb = sel[b, t - 1] // topk
+        if ptb == 0:
+            return 0
+        hit = np.nonzero(sel[b, : n - 1] == pl[b, ptb])[0]
+        return int(hit[0]) + 1 if len(hit) else None
+
+    for b in range(bs):
+        ri[b] = b * n + np.arange(n)
+        for t in range(n - 1, 0, -1):
+            p = parent(b, t)
+            if p is None:
+                continue
+            if nt[b, p] != -1:
+                ns[b, t] = nt[b, p]
+            nt[b, p] = t
+    return ri, nt, ns
+
+
+def random_draft(rng, bs, topk, steps, vocab):
+    """Score/token/parent lists of an S-step beam draft (the ``tree_info`` tuples of select_top_k_tokens)."""
+    k = topk
+
+    def topk_probs(rows):
+        p = np.sort(rng.uniform(0.01, 1.0, (rows, k)).astype(F32), axis=1)[:, ::-1]
+        toks = np.stack([rng.choice(vocab, k, replace=False) for _ in range(rows)]).astype(np.int64)
+        return np.ascontiguousarray(p), toks
+
+    p0, t0 = topk_probs(bs)
+    scores_l, tokens_l = [p0[:, None, :]], [t0]
+    parents_l = [np.broadcast_to(np.arange(-1, k, dtype=np.int64), (bs, k + 1))]
+    scores = p0
+    for i in range(1, steps):
+        p, toks = topk_probs(bs * k)
+        expand = scores[:, :, None] * p.reshape(bs, k, k)
+        flat = expand.reshape(bs, k * k)
+        cs_idx = np.argsort(-flat, axis=1, kind="stable")[:, :k]
+        scores = np.take_along_axis(flat, cs_idx, 1)
+        scores_l.append(expand)
+        tokens_l.append(toks.reshape(bs, k * k))
+        parents_l.append(cs_idx + (k * k * (i - 1) + k))
+    return scores_l, tokens_l, parents_l
+
+
+def random_tree(rng, bs, topk, steps, n, vocab):
+    """A valid tree as build_tree would produce it: ``(candidates, retrieve_index, next_token, next_sibling)``."""
+    sl, tl, pl_ = random_draft(rng, bs, topk, steps, vocab)
+    pl, sel, dt = organize(sl, tl, pl_, n)
+    ri, nt, ns = build_links(pl, sel, topk, n)
+    bonus = rng.integers(0, vocab, bs)
+    cand = np.concatenate([bonus[:, None], dt], 1).astype(np.int64)
+    return cand, ri, nt, ns
+
+
+def children(nt, ns, b, j):
+    out, c = [], nt[b, j]
+    while c != -1:
+        out.append(int(c))
+        c = ns[b, c]
+    return out
+
+
+def valid_num_draft_tokens(topk, steps):
+    """All N accepted by SpecConfig for (S, K)."""
+    if topk == 1:
+        return [steps + 1]
+    return list(range(1, 1 + min(topk + (steps - 1) * topk * topk, 1023) + 1))
+
+
+def pad_tree(tree, b_pad, n_pad, rng, vocab):
+    """Embed a (B, N) tree into (b_pad, n_pad): padding nodes are unlinked, padding rows are root-only."""
+    cand, ri, nt, ns = tree
+    b, n = cand.shape
+    pc = rng.integers(0, vocab, (b_pad, n_pad)).astype(np.int64)
+    pr = (np.arange(b_pad)[:, None] * n_pad + np.arange(n_pad)[None, :]).astype(np.int64)
+    pt = np.full((b_pad, n_pad), -1, np.int64)
+    ps = np.full((b_pad, n_pad), -1, np.int64)
+    pc[:b, :n] = cand
+    pt[:b, :n] = nt
+    ps[:b, :n] = ns
+    return pc, pr, pt, ps
+
+
+# ----------------------------------------------------------------------------------------------------
+# verify_tree_greedy (§4, Appendix A)
+# ----------------------------------------------------------------------------------------------------
+
+
+def verify_greedy(cand, ri, nt, ns, target_predict, a, init=0):
+    bs, n = cand.shape
+    tp = target_predict.reshape(-1)
+    pred = np.full(bs * n, init, np.int32)
+    acc = np.full((bs, a), -1, np.int32)
+    num = np.zeros(bs, np.int32)
+    for b in range(bs):
+        last = ri[b, 0]
+        acc[b, 0] = last
+        k = 0
+        cur = 0
+        for _ in range(1, a):
+            cur = nt[b, cur]
+            while cur != -1 and cand[b, cur] != tp[last]:
+                cur = ns[b, cur]
+            if cur == -1:
+                break
+            pred[last] = tp[last]
+            k += 1
+            last = ri[b, cur]
+            acc[b, k] = last
+        num[b] = k
+        pred[last] = tp[last]
+    return pred, acc, num
+
+
+# ----------------------------------------------------------------------------------------------------
+# tree_speculative_sampling_target_only (§5), SGLang 0.5.23 rule
+# ----------------------------------------------------------------------------------------------------
+
+
+def sample_residual_row(r, coin):
+    """FlashInfer index rule on one row, plain sequential float32 sums (exact for dyadic values)."""
+    v = r.shape[0]
+    cdf = np.cumsum(r, dtype=F32)  # sequential
+    u = F32(coin) * (cdf[-1] if v else F32(0))
+    for i in range(v):
+        if r[i] > 0 and cdf[i] > u:
+            return i
+    pos = np.nonzero(r > 0)[0]
+    return int(pos[-1]) if len(pos) else v - 1
+
+
+def sampling_target_only(
+    cand, ri, nt, ns, coins, final_coins, target_probs, draft_probs, a, thr_single=1.0, thr_acc=1.0, init=0
+):
+    bs, n, v = target_probs.shape
+    draft = np.zeros_like(target_probs) if draft_probs is None else draft_probs.copy()  # "mutable" upstream
+    thr_single = F32(thr_single)
+    thr_acc = F32(max(thr_acc, 1e-9))
+    pred = np.full(bs * n, init, np.int32)
+    acc = np.full((bs, a), -1, np.int32)
+    num = np.zeros(bs, np.int32)
+    for b in range(bs):
+        prob_acc = F32(0)
+        row = 0  # local node index of the current parent's prob row
+        coin = F32(coins[b, 0])
+        last = ri[b, 0]
+        acc[b, 0] = last
+        k = 0
+        cur = 0
+        for _ in range(1, a):
+            cur = nt[b, cur]
+            while cur != -1:
+                tok = cand[b, cur]
+                p = F32(target_probs[b, row, tok])
+                prob_acc = F32(prob_acc + p)
+                if p > 0 and (coin < F32(prob_acc / thr_acc) or p >= thr_single):
+                    prob_acc = F32(0)
+                    row = cur
+                    coin = F32(coins[b, cur])
+                    pred[last] = tok
+                    k += 1
+                    last = ri[b, cur]
+                    acc[b, k] = last
+                    break
+                draft[b, row, tok] = target_probs[b, row, tok]
+                cur = ns[b, cur]
+            if cur == -1:
+                break
+        num[b] = k
+        q = target_probs[b, row]
+        p = draft[b, row] if k != a - 1 else np.zeros_like(q)
+        pred[last] = sample_residual_row(np.maximum(q - p, F32(0)), final_coins[b])
+    return pred, acc, num
+
+
+# ----------------------------------------------------------------------------------------------------
+# top-k / top-p renorm (FlashInfer semantics), bonus tokens (§6-§7)
+# ----------------------------------------------------------------------------------------------------
+
+
+def top_k_keep(probs, top_k):
+    """Kept mask: every entry >= the k-th largest value of its row."""
+    keep = np.zeros(probs.shape, bool)
+    for r in range(probs.shape[0]):
+        k = min(max(int(top_k[r]), 1), probs.shape[1])
+        pivot = np.sort(probs[r])[::-1][k - 1]
+        keep[r] = probs[r] >= pivot
+    return keep
+
+
+def top_p_keep(probs, top_p):
+    """Kept mask: the smallest tie-complete top group set whose mass (float64) reaches p."""
+    keep = np.zeros(probs.shape, bool)
+    for r in range(probs.shape[0]):
+        values = np.unique(probs[r])[::-1]
+        chosen = values[-1]
+        for val in values:
+            if probs[r][probs[r] >= val].astype(np.float64).sum() >= float(top_p[r]):
+                chosen = val
+                break
+        keep[r] = probs[r] >= chosen
+    return keep
+
+
+def fill_bonus(predict, accept_index, accept_lens):
+    return np.array(
+        [predict[accept_index[b, accept_lens[b] - 1]] for b in range(accept_index.shape[0])], np.int32
+    )
