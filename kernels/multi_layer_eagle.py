@@ -37,6 +37,33 @@ def _cdiv(a, b):
     return (a + b - 1) // b
 
 
+def _index(name, x, shape=None, *, allow_none=False):
+    """``_validate.index_array`` that also accepts tracers (its ``getattr(x, "dtype", np.asarray(x).dtype)``
+    evaluates ``np.asarray`` eagerly, which fails under an enclosing jit); traced wide integers are narrowed
+    behind a checked-mode range check, like index_array does for them."""
+    if isinstance(x, jax.core.Tracer):
+        if not jnp.issubdtype(x.dtype, jnp.integer):
+            raise ValueError(f"{name}: expected an integer dtype (int32, or int64 within int32 range), got {x.dtype}")
+        if shape is not None:
+            _validate.check_shape(name, x, shape)
+        if x.dtype == jnp.int32:
+            return x
+        _validate.check(jnp.all((x >= _validate.INT32_MIN) & (x <= _validate.INT32_MAX)),
+                        f"{name}: {x.dtype} value does not fit in int32")
+        return x.astype(jnp.int32)
+    return _validate.index_array(name, x, shape, allow_none=allow_none)
+
+
+def _float(name, x, shape, dtypes):
+    """``_validate.float_array`` that also accepts tracers (see ``_index``)."""
+    if isinstance(x, jax.core.Tracer):
+        if x.dtype not in [jnp.dtype(d) for d in dtypes]:
+            raise ValueError(f"{name}: expected dtype {' or '.join(jnp.dtype(d).name for d in dtypes)}, got {x.dtype}")
+        _validate.check_shape(name, x, shape)
+        return x
+    return _validate.float_array(name, x, shape, dtypes)
+
+
 def _barrier(interpret: bool):
     """``tl.debug_barrier`` between the shift's loads and stores (threads of one program read lanes that
     other warps store). Interpret mode runs each op whole, so it needs (and has) no barrier."""
@@ -227,16 +254,16 @@ def rotate_input_ids(
     distinct and outside other requests' segments. Out-of-range positions are never touched (checked mode
     reports them).
     """
-    ids = _validate.index_array("input_ids", input_ids, (None,))
-    starts = _validate.index_array("extend_start_loc", extend_start_loc, (None,))
+    ids = _index("input_ids", input_ids, (None,))
+    starts = _index("extend_start_loc", extend_start_loc, (None,))
     batch = starts.shape[0]
-    lens = _validate.index_array("extend_seq_lens", extend_seq_lens, (batch,))
-    topk = _validate.index_array("topk_index", topk_index)
+    lens = _index("extend_seq_lens", extend_seq_lens, (batch,))
+    topk = _index("topk_index", topk_index)
     if topk.ndim not in (1, 2) or topk.size < batch:
         raise ValueError(f"topk_index: expected shape (B,) or (B, K) with at least B={batch} elements "
                          f"(read as topk_index.flat[b]), got topk_index.shape={tuple(topk.shape)}")
     tokens = topk.reshape(-1)[:batch]
-    select = _validate.index_array("select_index", select_index, (batch,), allow_none=True)
+    select = _index("select_index", select_index, (batch,), allow_none=True)
     impl = _backend.resolve_implementation(implementation, interpret)
     return _rotate_input_ids_jit(ids, starts, lens, tokens, select, implementation=impl, interpret=interpret,
                                  checks=_validate.checks_enabled())
@@ -290,15 +317,15 @@ def assign_hidden_states_pool(
     out-of-range pool rows are not written. ``hidden_states`` ``[T, H]`` and the pool ``[R, W, H]`` share a
     float dtype (bf16/f16/f32).
     """
-    hidden = _validate.float_array("hidden_states", hidden_states, (None, None), HIDDEN_DTYPES)
-    pool = _validate.float_array("req_to_hidden_states_pool", req_to_hidden_states_pool,
+    hidden = _float("hidden_states", hidden_states, (None, None), HIDDEN_DTYPES)
+    pool = _float("req_to_hidden_states_pool", req_to_hidden_states_pool,
                                  (None, None, hidden.shape[1]), (hidden.dtype,))
     if pool.shape[0] < 1:
         raise ValueError(f"req_to_hidden_states_pool: expected at least one pool row, got shape {pool.shape}")
-    rpi = _validate.index_array("req_pool_indices", req_pool_indices, (None,))
+    rpi = _index("req_pool_indices", req_pool_indices, (None,))
     batch = rpi.shape[0]
-    lens = _validate.index_array("extend_seq_lens", extend_seq_lens, (batch,))
-    starts = _validate.index_array("extend_start_loc", extend_start_loc, (batch,))
+    lens = _index("extend_seq_lens", extend_seq_lens, (batch,))
+    starts = _index("extend_start_loc", extend_start_loc, (batch,))
     impl = _backend.resolve_implementation(implementation, interpret)
     return _assign_hidden_states_pool_jit(hidden, rpi, pool, lens, starts, implementation=impl,
                                           interpret=interpret, checks=_validate.checks_enabled())

@@ -83,6 +83,23 @@ def _page_locs(gather, pool, pos, *, num_rows: int, max_pages: int, page_size: i
     return jnp.where(overflow | ~pool_ok, 0, ids * p + off)
 
 
+def _index(name, x, shape=None, *, allow_none=False):
+    """``_validate.index_array`` that also accepts tracers (its ``getattr(x, "dtype", np.asarray(x).dtype)``
+    evaluates ``np.asarray`` eagerly, which fails under an enclosing jit); traced wide integers are narrowed
+    behind a checked-mode range check, like index_array does for them."""
+    if isinstance(x, jax.core.Tracer):
+        if not jnp.issubdtype(x.dtype, jnp.integer):
+            raise ValueError(f"{name}: expected an integer dtype (int32, or int64 within int32 range), got {x.dtype}")
+        if shape is not None:
+            _validate.check_shape(name, x, shape)
+        if x.dtype == jnp.int32:
+            return x
+        _validate.check(jnp.all((x >= _validate.INT32_MIN) & (x <= _validate.INT32_MAX)),
+                        f"{name}: {x.dtype} value does not fit in int32")
+        return x.astype(jnp.int32)
+    return _validate.index_array(name, x, shape, allow_none=allow_none)
+
+
 def _exclusive_cumsum(x):
     return jnp.cumsum(x) - x
 
@@ -362,7 +379,7 @@ def _uniform_kernel(
 
 
 def _table(name, x):
-    dtype = np.dtype(getattr(x, "dtype", np.asarray(x).dtype))
+    dtype = np.dtype(x.dtype) if hasattr(x, "dtype") else np.asarray(x).dtype
     if dtype != np.int32:
         raise ValueError(f"{name}: expected an int32 page table of shape (R, M) (TokenSpeed tables are int32), "
                          f"got dtype {dtype}")
@@ -430,11 +447,11 @@ def update_req_to_page(
     to an out-of-range pool are dropped (upstream has no bounds check); checked mode reports them.
     """
     req_to_page = _table("req_to_page", req_to_page)
-    rpi = _validate.index_array("req_pool_indices", req_pool_indices, (None,))
+    rpi = _index("req_pool_indices", req_pool_indices, (None,))
     batch = rpi.shape[0]
-    pages = _validate.index_array("new_occupied_pages", new_occupied_pages, (None,))
-    num = _validate.index_array("new_occupied_pages_num", new_occupied_pages_num, (batch,))
-    starts = _validate.index_array("pages_copy_starts", pages_copy_starts, (batch,))
+    pages = _index("new_occupied_pages", new_occupied_pages, (None,))
+    num = _index("new_occupied_pages_num", new_occupied_pages_num, (batch,))
+    starts = _index("pages_copy_starts", pages_copy_starts, (batch,))
     impl = _backend.resolve_implementation(implementation, interpret)
     return _update_req_to_page_jit(req_to_page, rpi, pages, num, starts, implementation=impl,
                                    interpret=interpret, checks=_validate.checks_enabled())
@@ -483,10 +500,10 @@ def compute_out_cache_loc(
     callers zero-initialise the buffer), tokens past ``out_size`` are dropped.
     """
     table = _table("req_to_pages", req_to_pages)
-    rpi = _validate.index_array("req_pool_indices", req_pool_indices, (None,))
+    rpi = _index("req_pool_indices", req_pool_indices, (None,))
     batch = rpi.shape[0]
-    cs = _validate.index_array("cache_start", cache_start, (batch,))
-    lens = _validate.index_array("input_lengths", input_lengths, (batch,))
+    cs = _index("cache_start", cache_start, (batch,))
+    lens = _index("input_lengths", input_lengths, (batch,))
     page_size = _validate.static_int("page_size", page_size, 1)
     out_size = _validate.static_int("out_size", out_size, 0)
     impl = _backend.resolve_implementation(implementation, interpret)
@@ -541,8 +558,8 @@ def compute_out_cache_loc_uniform(
     (``U = uniform_input_length``, static; the multi-step drafter uses ``U = S - 1``). Same page math and
     overflow-to-slot-0 rule as ``compute_out_cache_loc``. Returns ``i32[B * U]``."""
     table = _table("req_to_pages", req_to_pages)
-    rpi = _validate.index_array("req_pool_indices", req_pool_indices, (None,))
-    cs = _validate.index_array("cache_start", cache_start, (rpi.shape[0],))
+    rpi = _index("req_pool_indices", req_pool_indices, (None,))
+    cs = _index("cache_start", cache_start, (rpi.shape[0],))
     page_size = _validate.static_int("page_size", page_size, 1)
     u = _validate.static_int("uniform_input_length", uniform_input_length, 0)
     impl = _backend.resolve_implementation(implementation, interpret)
@@ -581,8 +598,8 @@ def fused_decode_input_prep(
     ``compute_out_cache_loc_uniform`` with ``cache_start = c`` (TokenSpeed seed; 0.1.1 dropped the
     locations). ``valid_cache_lengths`` is pool-indexed ``[R]``; ``U >= 1`` is static."""
     table = _table("req_to_pages", req_to_pages)
-    vcl = _validate.index_array("valid_cache_lengths", valid_cache_lengths, (None,))
-    rpi = _validate.index_array("req_pool_indices", req_pool_indices, (None,))
+    vcl = _index("valid_cache_lengths", valid_cache_lengths, (None,))
+    rpi = _index("req_pool_indices", req_pool_indices, (None,))
     page_size = _validate.static_int("page_size", page_size, 1)
     u = _validate.static_int("uniform_input_length", uniform_input_length, 1)
     if vcl.shape[0] < 1:

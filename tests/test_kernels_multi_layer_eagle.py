@@ -227,3 +227,15 @@ def test_checked_mode_quiet_on_legal_input():
                         np.array([9, 8], I32), implementation="reference")
     assert err.get() is None
     np.testing.assert_array_equal(out, [1, 2, 9, 4, 5, 8])
+
+
+def test_traceable_inside_an_enclosing_jit():
+    import jax
+
+    f = jax.jit(lambda i, s, n, k: mle.rotate_input_ids(i, s, n, k, implementation="reference"))
+    np.testing.assert_array_equal(f(np.arange(4, dtype=I32), np.array([0], I32), np.array([4], I32),
+                                    np.array([9], I32)), [1, 2, 3, 9])
+    g = jax.jit(lambda h, p: mle.assign_hidden_states_pool(h, np.array([1], I32), p, np.array([2], I32),
+                                                           np.array([0], I32), implementation="reference"))
+    out = g(np.arange(6, dtype=np.float32).reshape(3, 2), np.zeros((2, 1, 2), np.float32))
+    np.testing.assert_array_equal(out[1, 0], [2, 3])

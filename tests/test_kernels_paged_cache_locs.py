@@ -381,3 +381,16 @@ def test_pallas_without_gpu_or_interpret_raises():
     with pytest.raises(ValueError, match="implementation='pallas' needs a CUDA GPU or interpret=True"):
         pcl.compute_out_cache_loc_uniform(np.zeros(1, I32), np.zeros(1, I32), TABLE, page_size=1,
                                           uniform_input_length=1, implementation="pallas")
+
+
+def test_traceable_inside_an_enclosing_jit():
+    import jax
+
+    table = TABLE.copy()
+    f = jax.jit(lambda cs, p, t: pcl.fused_decode_input_prep(cs, p, t, page_size=4, uniform_input_length=2,
+                                                             implementation="reference"))
+    got = f(np.array([6, 0, 1], I32), np.array([0, 2], I32), table)
+    np.testing.assert_array_equal(got.out_cache_loc, [4 * 2 + 2, 4 * 2 + 3, 4 * 9 + 1, 4 * 9 + 2])
+    g = jax.jit(lambda t, n: pcl.update_req_to_page(t, np.array([1], I32), np.array([42, 43], I32), n,
+                                                    np.array([2], I32), implementation="reference"))
+    np.testing.assert_array_equal(g(table, np.array([2], I32))[1], [5, 6, 42, 43])

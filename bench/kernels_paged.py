@@ -1,0 +1,287 @@
+"""Benchmark cases: TokenSpeed paged cache-location kernels and the seed MTP helpers, Pallas vs jnp reference.
+
+``CASES`` is a list of callables ``case(args) -> list[dict]`` (``bench/kernels.py`` imports it and prints
+the table). Every case first checks the Pallas kernel against its reference on the same inputs (exact; a
+mismatch raises), then times both:
+
+  * ``*_gpu_us``: R repetitions inside one jitted ``lax.fori_loop`` (inputs threaded through an
+    ``optimization_barrier`` so nothing is hoisted; table updates carry the donated table), one
+    ``block_until_ready``, divided by R -- device time per op without host dispatch;
+  * ``*_wall_us``: wall time per call of the public jitted function from a Python loop (host dispatch
+    included), one ``block_until_ready`` at the end.
+
+``args`` may carry ``device`` ("cuda" | "cpu"), ``batch_sizes`` ("1,16,64,256" or a list) and ``quick``;
+anything missing is defaulted. On CPU the kernels run in Pallas interpret mode with small sizes (a smoke
+test: timings there mean nothing). ``python bench/kernels_paged.py [--device cpu]`` runs it alone.
+"""
+
+import argparse
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from jaxspec.kernels import _backend
+from jaxspec.kernels import multi_layer_eagle as mle
+from jaxspec.kernels import paged_cache_locs as pcl
+
+PAGE_SIZE = 16
+MAX_PAGES = 512  # 8192-token rows
+UNIFORM = 4  # verify width of the chain config (S 3, K 1, N 4): decode tokens per request
+HIDDEN = 7168  # DeepSeek-V3 hidden size (MTP)
+MTP_WIDTH = 2  # S - 1 for S = 3
+
+
+# ------------------------------------------------------------------------------------------------
+# Settings and timing helpers.
+# ------------------------------------------------------------------------------------------------
+
+
+def _settings(args):
+    device = getattr(args, "device", None) or ("cuda" if _backend.gpu_available() else "cpu")
+    on_gpu = device == "cuda"
+    bss = getattr(args, "batch_sizes", None) or ((1, 16, 64, 256) if on_gpu else (1, 4))
+    if isinstance(bss, str):
+        bss = tuple(int(b) for b in bss.split(","))
+    quick = bool(getattr(args, "quick", False))
+    reps = (20 if quick else 200) if on_gpu else 2
+    calls = (20 if quick else 200) if on_gpu else 2
+    return dict(interpret=not on_gpu, batch_sizes=tuple(bss), reps=reps, calls=calls, on_gpu=on_gpu)
+
+
+def _block(x):
+    return jax.tree_util.tree_map(lambda a: a.block_until_ready(), x)
+
+
+def _first(out):
+    return jax.tree_util.tree_leaves(out)[0].reshape(-1)[:1].astype(jnp.float32).sum()
+
+
+def gpu_time_us(fn, args, reps, *, carry_index=None):
+    """Device time per call: ``reps`` calls inside one jitted ``fori_loop``. ``carry_index`` names the
+    argument the op returns updated (a donated table), which is then carried through the loop."""
+
+    @jax.jit
+    def loop(args):
+        def body(_, state):
+            a, acc = lax.optimization_barrier(state)
+            out = fn(*a)
+            if carry_index is not None:
+                a = a[:carry_index] + (out,) + a[carry_index + 1:]
+            return a, acc + _first(out)
+
+        return lax.fori_loop(0, reps, body, (tuple(args), jnp.float32(0)))
+
+    _block(loop(tuple(args)))  # compile + warm up
+    t0 = time.perf_counter()
+    _block(loop(tuple(args)))
+    return (time.perf_counter() - t0) / reps * 1e6
+
+
+def wall_time_us(fn, args, calls, *, carry_index=None):
+    """Wall time per call of the public (jitted) function from a Python loop."""
+    args = list(args)
+    out = fn(*[_fresh(a) for a in args])
+    _block(out)
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        out = fn(*args)
+        if carry_index is not None:
+            args[carry_index] = out
+    _block(out)
+    return (time.perf_counter() - t0) / calls * 1e6
+
+
+def _fresh(a):
+    return jnp.array(a, copy=True) if isinstance(a, jax.Array) else a
+
+
+def _run_case(name, bs, shape, make_fn, args, st, *, carry_index=None):
+    """Check Pallas == reference exactly, then time both."""
+    fns = {impl: make_fn(impl) for impl in ("pallas", "reference")}
+    outs = {impl: jax.device_get(fns[impl](*[_fresh(a) for a in args])) for impl in fns}
+    for got, want in zip(jax.tree_util.tree_leaves(outs["pallas"]), jax.tree_util.tree_leaves(outs["reference"])):
+        got, want = np.asarray(got), np.asarray(want)
+        if got.dtype != want.dtype or got.shape != want.shape or got.tobytes() != want.tobytes():
+            raise AssertionError(f"{name} bs={bs}: Pallas output differs from the reference")
+    row = dict(kernel=name, bs=bs, shape=shape, exact=True)
+    for impl, fn in fns.items():
+        row[f"{impl}_gpu_us"] = round(gpu_time_us(fn, [_fresh(a) for a in args], st["reps"],
+                                                  carry_index=carry_index), 2)
+        row[f"{impl}_wall_us"] = round(wall_time_us(fn, [_fresh(a) for a in args], st["calls"],
+                                                    carry_index=carry_index), 2)
+    row["speedup_gpu"] = round(row["reference_gpu_us"] / max(row["pallas_gpu_us"], 1e-9), 2)
+    return row
+
+
+# ------------------------------------------------------------------------------------------------
+# Inputs.
+# ------------------------------------------------------------------------------------------------
+
+
+def _paged_inputs(rng, bs, max_pages):
+    num_rows = 2 * bs + 1
+    pools = rng.permutation(num_rows)[:bs].astype(np.int32)
+    table = rng.permutation(num_rows * max_pages).astype(np.int32).reshape(num_rows, max_pages) + 1
+    cap = max_pages * PAGE_SIZE
+    starts = rng.integers(0, cap - UNIFORM, size=bs).astype(np.int32)
+    return num_rows, jnp.asarray(pools), jnp.asarray(table), jnp.asarray(starts)
+
+
+def _max_pages(st):
+    return MAX_PAGES if st["on_gpu"] else 8
+
+
+# ------------------------------------------------------------------------------------------------
+# Cases.
+# ------------------------------------------------------------------------------------------------
+
+
+def case_compute_out_cache_loc_uniform(args):
+    st = _settings(args)
+    rows = []
+    for bs in st["batch_sizes"]:
+        rng = np.random.default_rng(bs)
+        _, pools, table, starts = _paged_inputs(rng, bs, _max_pages(st))
+
+        def make(impl):
+            return lambda cs, p, t: pcl.compute_out_cache_loc_uniform(
+                cs, p, t, page_size=PAGE_SIZE, uniform_input_length=UNIFORM, implementation=impl,
+                interpret=st["interpret"])
+
+        rows.append(_run_case("compute_out_cache_loc_uniform", bs, f"U={UNIFORM} P={PAGE_SIZE}", make,
+                              (starts, pools, table), st))
+    return rows
+
+
+def case_compute_out_cache_loc(args):
+    st = _settings(args)
+    rows = []
+    for bs in st["batch_sizes"]:
+        rng = np.random.default_rng(bs)
+        _, pools, table, starts = _paged_inputs(rng, bs, _max_pages(st))
+        lens = jnp.asarray(rng.integers(1, 2 * UNIFORM + 1, size=bs).astype(np.int32))
+        out_size = max(128, 1 << int(np.ceil(np.log2(bs * 2 * UNIFORM))))
+
+        def make(impl):
+            return lambda cs, n, p, t: pcl.compute_out_cache_loc(
+                cs, n, p, t, page_size=PAGE_SIZE, out_size=out_size, implementation=impl,
+                interpret=st["interpret"])
+
+        rows.append(_run_case("compute_out_cache_loc", bs, f"ragged 1..{2 * UNIFORM} out={out_size}", make,
+                              (starts, lens, pools, table), st))
+    return rows
+
+
+def case_fused_decode_input_prep(args):
+    st = _settings(args)
+    rows = []
+    for bs in st["batch_sizes"]:
+        rng = np.random.default_rng(bs)
+        num_rows, pools, table, starts = _paged_inputs(rng, bs, _max_pages(st))
+        vcl = jnp.zeros((num_rows,), jnp.int32).at[pools].set(starts)
+
+        def make(impl):
+            return lambda v, p, t: pcl.fused_decode_input_prep(
+                v, p, t, page_size=PAGE_SIZE, uniform_input_length=UNIFORM, implementation=impl,
+                interpret=st["interpret"])
+
+        rows.append(_run_case("fused_decode_input_prep", bs, f"U={UNIFORM} P={PAGE_SIZE}", make,
+                              (vcl, pools, table), st))
+    return rows
+
+
+def case_update_req_to_page(args):
+    st = _settings(args)
+    rows = []
+    for bs in st["batch_sizes"]:
+        rng = np.random.default_rng(bs)
+        _, pools, table, _ = _paged_inputs(rng, bs, _max_pages(st))
+        num = rng.integers(0, 3, size=bs).astype(np.int32)  # 0-2 new pages per request per step
+        starts = rng.integers(0, _max_pages(st) - 2, size=bs).astype(np.int32)
+        total = max(128, 1 << int(np.ceil(np.log2(max(2 * bs, 1)))))
+        pages = np.zeros(total, np.int32)
+        pages[: num.sum()] = rng.integers(1, 1 << 20, size=num.sum())
+
+        def make(impl):
+            return lambda t, p, pg, n, s: pcl.update_req_to_page(t, p, pg, n, s, implementation=impl,
+                                                                 interpret=st["interpret"])
+
+        rows.append(_run_case("update_req_to_page", bs, f"0-2 pages/req M={_max_pages(st)}", make,
+                              (table, pools, jnp.asarray(pages), jnp.asarray(num), jnp.asarray(starts)), st,
+                              carry_index=0))
+    return rows
+
+
+def case_rotate_input_ids(args):
+    st = _settings(args)
+    rows = []
+    for bs in st["batch_sizes"]:
+        rng = np.random.default_rng(bs)
+        seg = UNIFORM  # decode draft-extend window (N tokens per request)
+        ids = jnp.asarray(rng.integers(0, 128000, size=bs * seg).astype(np.int32))
+        starts = jnp.asarray((np.arange(bs) * seg).astype(np.int32))
+        lens = jnp.full((bs,), seg, jnp.int32)
+        topk = jnp.asarray(rng.integers(0, 128000, size=(bs, 1)).astype(np.int32))
+        select = starts + jnp.asarray(rng.integers(0, seg, size=bs).astype(np.int32))
+
+        def make(impl):
+            return lambda i, s, n, k, sel: mle.rotate_input_ids(i, s, n, k, sel, implementation=impl,
+                                                                interpret=st["interpret"])
+
+        rows.append(_run_case("rotate_input_ids", bs, f"N={seg} select", make, (ids, starts, lens, topk, select),
+                              st, carry_index=0))
+    return rows
+
+
+def case_assign_hidden_states_pool(args):
+    st = _settings(args)
+    hidden_dim = HIDDEN if st["on_gpu"] else 96
+    rows = []
+    for bs in st["batch_sizes"]:
+        rng = np.random.default_rng(bs)
+        seg = UNIFORM
+        num_rows = 2 * bs + 1
+        hidden = jnp.asarray(rng.standard_normal((bs * seg, hidden_dim), np.float32)).astype(jnp.bfloat16)
+        pool = jnp.zeros((num_rows, MTP_WIDTH, hidden_dim), jnp.bfloat16)
+        pools = jnp.asarray(rng.permutation(num_rows)[:bs].astype(np.int32))
+        starts = jnp.asarray((np.arange(bs) * seg).astype(np.int32))
+        lens = jnp.full((bs,), seg, jnp.int32)
+
+        def make(impl):
+            return lambda h, p, pl_, n, s: mle.assign_hidden_states_pool(h, p, pl_, n, s, implementation=impl,
+                                                                         interpret=st["interpret"])
+
+        rows.append(_run_case("assign_hidden_states_pool", bs, f"W={MTP_WIDTH} H={hidden_dim} bf16", make,
+                              (hidden, pools, pool, lens, starts), st, carry_index=2))
+    return rows
+
+
+CASES = [
+    case_compute_out_cache_loc_uniform,
+    case_compute_out_cache_loc,
+    case_fused_decode_input_prep,
+    case_update_req_to_page,
+    case_rotate_input_ids,
+    case_assign_hidden_states_pool,
+]
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--device", choices=("cuda", "cpu"), default=None)
+    p.add_argument("--batch-sizes", default=None)
+    p.add_argument("--quick", action="store_true")
+    args = p.parse_args()
+    cols = ["kernel", "bs", "shape", "pallas_gpu_us", "reference_gpu_us", "speedup_gpu", "pallas_wall_us",
+            "reference_wall_us", "exact"]
+    print(" | ".join(cols))
+    for case in CASES:
+        for row in case(args):
+            print(" | ".join(str(row[c]) for c in cols), flush=True)
+
+
+if __name__ == "__main__":
+    main()
