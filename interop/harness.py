@@ -162,7 +162,11 @@ def make_inputs(op: str, rng: np.random.Generator, config: dict) -> dict:
 def _torch_inputs(inputs: dict, device: str) -> dict:
     out = {}
     for k, v in inputs.items():
-        if isinstance(v, np.ndarray):
+        if isinstance(v, np.ndarray) and v.size == 0:
+            # a fresh empty tensor, strides as torch.empty gives them (SGLang's `torch.empty((bs, 0))`); the CUDA
+            # launcher's TensorMatcher rejects numpy's zero strides
+            out[k] = torch.empty(v.shape, dtype=torch.from_numpy(np.zeros(1, v.dtype)).dtype, device=device)
+        elif isinstance(v, np.ndarray):
             out[k] = torch.from_numpy(np.ascontiguousarray(v)).to(device)
         elif isinstance(v, torch.Tensor):
             out[k] = v.to(device)
