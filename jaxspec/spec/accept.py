@@ -1,0 +1,218 @@
+"""Verify-side sampling and bonus tokens: SGLang 0.5.23 ``srt/speculative/eagle_utils.py::eagle_sample``.
+
+Also mirrors ``python/sglang/kernels/ops/speculative/eagle.py::fill_bonus_tokens`` (0.5.23; the older
+v2 ``fill_new_verified_id`` used the wrong row stride ``N`` for ``topk > 1`` trees -- here the stride is
+``accept_index.shape[1] = S + 1``, as in 0.5.23).
+
+Out of scope (handled by the caller or not ported): relaxed penalties, logit bias, the grammar bitmask,
+watermarking, NaN sanitising, TP broadcasts, ``SGLANG_SIMULATE_ACC_LEN``, the rejection-sampling chain
+verifier and the murmur-hash seeded coins (``make_coins`` draws coins from a JAX PRNG key instead).
+"""
+
+import functools
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Float, Int32
+
+from jaxspec._validate import check_shape
+from jaxspec.config import SpecConfig
+from jaxspec.spec import verify as _verify
+
+_LOGIT_DTYPES = (np.float32, jnp.bfloat16, np.float16)
+MAX_COIN = 1.0 - 2.0**-24  # largest float32 below 1: coins must lie in [0, 1) (a coin of 1.0 can pick a p=0 token)
+
+
+class EagleSampleOutput(NamedTuple):
+    """Result of ``eagle_sample``.
+
+    predict: ``(B*N,)`` int32; zeros except the accepted path (the next accepted token after each
+        accepted node) and the bonus/correction token after the last accepted node.
+    accept_lens: ``(B,)`` int32 = accepted drafts + 1 (the +1 is the root/bonus slot).
+    accept_index: ``(B, S+1)`` int32 global node ids of the accepted path, -1 padded. For an empty
+        batch this is ``(0, S+1)`` (upstream returns ``(0,)``).
+    """
+
+    predict: Int32[Array, "T"]
+    accept_lens: Int32[Array, "B"]
+    accept_index: Int32[Array, "B A"]
+
+
+def make_coins(key: Array, batch: int, num_draft_tokens: int) -> tuple[Float[Array, "B N"], Float[Array, "B"]]:
+    """``(uniform_samples (B, N), uniform_samples_for_final_sampling (B,))`` float32 coins in ``[0, 1)``.
+
+    The JAX counterpart of upstream's ``torch.rand`` coins (the seeded murmur-hash path is not ported).
+    Jittable with static ``batch`` / ``num_draft_tokens``.
+    """
+    k_nodes, k_final = jax.random.split(key)
+    coins = jax.random.uniform(k_nodes, (batch, num_draft_tokens), jnp.float32)
+    final = jax.random.uniform(k_final, (batch,), jnp.float32)
+    # jax.random.uniform is [0, 1) already; the clamp documents (and enforces) the kernel's contract.
+    return jnp.minimum(coins, jnp.float32(MAX_COIN)), jnp.minimum(final, jnp.float32(MAX_COIN))
+
+
+def _to_output(out: _verify.VerifyOutput) -> EagleSampleOutput:
+    # accept_lens = num_correct_drafts + 1 (out of place, as in 0.5.23), computed inside jit.
+    return EagleSampleOutput(out.predict, out.num_correct_drafts + 1, out.accept_index)
+
+
+@functools.partial(jax.jit, static_argnames=("num_steps",))
+def _greedy(logits, tree, *, num_steps):
+    b, n = tree.candidates.shape
+    # torch.argmax / jnp.argmax: first maximal index, NaN counts as the maximum.
+    target_predict = jnp.argmax(logits, axis=-1).astype(jnp.int32).reshape(b, n)
+    return _to_output(_verify._verify_tree_greedy(tree, target_predict, num_steps=num_steps))
+
+
+@functools.partial(jax.jit, static_argnames=("num_steps", "threshold_single", "threshold_acc"))
+def _sampling(logits, tree, temperatures, top_ks, top_ps, coins, final, *, num_steps, threshold_single, threshold_acc):
+    b, n = tree.candidates.shape
+    v = logits.shape[-1]
+    # softmax(logits / T) in float32, T repeated per node (upstream: repeat_interleave(temperatures, N)).
+    scaled = logits.astype(jnp.float32).reshape(b, n, v) / temperatures[:, None, None]
+    probs = jax.nn.softmax(scaled, axis=-1).reshape(b * n, v)
+    if top_ks is not None:
+        probs = _verify._top_k_renorm(probs, jnp.repeat(top_ks, n, total_repeat_length=b * n))
+    if top_ps is not None:
+        probs = _verify._top_p_renorm(probs, jnp.repeat(top_ps, n, total_repeat_length=b * n))
+    out = _verify._tree_speculative_sampling(
+        tree,
+        coins,
+        final,
+        probs.reshape(b, n, v),
+        None,  # tree mode: zero draft probs
+        num_steps=num_steps,
+        threshold_single=threshold_single,
+        threshold_acc=threshold_acc,
+    )
+    return _to_output(out)
+
+
+def _host_values(x):
+    return np.asarray(x) if isinstance(x, (np.ndarray, np.generic, list, tuple)) else None
+
+
+def eagle_sample(
+    logits: Float[Array, "T V"],
+    draft_tokens: Int32[Array, "T"] | Int32[Array, "B N"],
+    retrieve_index: Int32[Array, "B N"],
+    retrieve_next_token: Int32[Array, "B N"],
+    retrieve_next_sibling: Int32[Array, "B N"],
+    *,
+    config: SpecConfig,
+    temperatures: Float[Array, "B"] | None = None,
+    top_ks: Int32[Array, "B"] | None = None,
+    top_ps: Float[Array, "B"] | None = None,
+    uniform_samples: Float[Array, "B N"] | None = None,
+    uniform_samples_for_final_sampling: Float[Array, "B"] | None = None,
+    threshold_single: float = 1.0,
+    threshold_acc: float = 1.0,
+    greedy: bool = True,
+) -> EagleSampleOutput:
+    """Verify a draft tree against the target logits (SGLang 0.5.23 ``eagle_sample``, tree mode).
+
+    ``greedy=True`` (static; upstream's ``is_all_greedy``): ``target_predict = argmax(logits)`` (first
+    max) and ``verify_tree_greedy``. ``greedy=False``: ``softmax(logits / T)`` with each request's
+    temperature repeated over its ``N`` nodes, then ``top_k_renorm_prob`` if ``top_ks`` is given and
+    ``top_p_renorm_prob`` if ``top_ps`` is given (upstream's ``need_top_k/p_sampling``), then
+    ``tree_speculative_sampling_target_only`` with zero draft probs and the given coins.
+
+    Args:
+      logits: ``(B*N, V)`` float32/bfloat16/float16 target logits of every tree node.
+      draft_tokens: ``(B*N,)`` (as ``build_tree`` returns) or ``(B, N)`` int node tokens.
+      retrieve_index, retrieve_next_token, retrieve_next_sibling: ``(B, N)`` int tree links.
+      config: static ``SpecConfig`` (``N = config.num_draft_tokens``, ``S = config.num_steps``).
+      temperatures: ``(B,)`` (or ``(B, 1)``) float32, required when ``greedy=False``.
+      top_ks: optional ``(B,)`` int, values ``>= 1``; top_ps: optional ``(B,)`` float32 in ``(0, 1]``.
+      uniform_samples, uniform_samples_for_final_sampling: ``(B, N)`` / ``(B,)`` float32 coins in
+        ``[0, 1)``, required when ``greedy=False`` (see ``make_coins``).
+      threshold_single, threshold_acc: static acceptance thresholds (SGLang defaults 1.0 / 1.0).
+      greedy: static path selector.
+
+    Returns:
+      ``EagleSampleOutput(predict (B*N,), accept_lens (B,), accept_index (B, S+1))``, int32.
+    """
+    if not isinstance(config, SpecConfig):
+        raise ValueError(f"config: expected a SpecConfig, got {type(config).__name__}")
+    if not isinstance(greedy, bool):
+        raise ValueError(f"greedy: expected a Python bool (static), got {greedy!r}")
+    n, s = config.num_draft_tokens, config.num_steps
+    retrieve_index = _verify._ints("retrieve_index", retrieve_index, (None, n))
+    b = retrieve_index.shape[0]
+    tree = _verify._Tree(
+        candidates=_verify._ints(
+            "draft_tokens", draft_tokens, (b * n,) if np.ndim(draft_tokens) == 1 else (b, n)
+        ).reshape(b, n),
+        retrieve_index=retrieve_index,
+        next_token=_verify._ints("retrieve_next_token", retrieve_next_token, (b, n)),
+        next_sibling=_verify._ints("retrieve_next_sibling", retrieve_next_sibling, (b, n)),
+    )
+    logits = _verify._floats("logits", logits, (b * n, None), _LOGIT_DTYPES)
+    if logits.shape[1] < 1:
+        raise ValueError(f"logits: expected a vocab size >= 1, got {logits.shape=}")
+
+    if greedy:
+        out = _greedy(logits, tree, num_steps=s)
+    else:
+        if temperatures is None:
+            raise ValueError("temperatures: required (shape (B,), float32) when greedy=False")
+        if np.ndim(temperatures) == 2:
+            check_shape("temperatures", temperatures, (b, 1))
+            temperatures = jnp.reshape(temperatures, (b,))
+        temperatures = _verify._floats("temperatures", temperatures, (b,), (np.float32,))
+        if top_ks is not None:
+            vals = _host_values(top_ks)
+            top_ks = _verify._ints("top_ks", top_ks, (b,))
+            if vals is not None and vals.size and vals.min() < 1:
+                raise ValueError(f"top_ks: expected values >= 1, got {int(vals.min())}")
+        if top_ps is not None:
+            vals = _host_values(top_ps)
+            top_ps = _verify._floats("top_ps", top_ps, (b,), (np.float32,))
+            if vals is not None and vals.size and not ((vals > 0).all() and (vals <= 1).all()):
+                raise ValueError(f"top_ps: expected values in (0, 1], got min={vals.min()} max={vals.max()}")
+        if uniform_samples is None or uniform_samples_for_final_sampling is None:
+            raise ValueError(
+                "uniform_samples / uniform_samples_for_final_sampling: required ((B, N) and (B,) float32 "
+                "coins in [0, 1), see make_coins) when greedy=False"
+            )
+        coins = _verify._floats("uniform_samples", uniform_samples, (b, n), (np.float32,))
+        final = _verify._floats(
+            "uniform_samples_for_final_sampling", uniform_samples_for_final_sampling, (b,), (np.float32,)
+        )
+        out = _sampling(
+            logits,
+            tree,
+            temperatures,
+            top_ks,
+            top_ps,
+            coins,
+            final,
+            num_steps=s,
+            threshold_single=_verify._threshold("threshold_single", threshold_single),
+            threshold_acc=_verify._threshold("threshold_acc", threshold_acc),
+        )
+    return out
+
+
+@jax.jit
+def _fill_bonus_tokens(predict, accept_index, accept_lens):
+    col = jnp.clip(accept_lens - 1, 0, accept_index.shape[1] - 1)
+    node = jnp.take_along_axis(accept_index, col[:, None], axis=1)[:, 0]
+    return jnp.take(predict, node, mode="clip")
+
+
+def fill_bonus_tokens(
+    predict: Int32[Array, "T"], accept_index: Int32[Array, "B A"], accept_lens: Int32[Array, "B"]
+) -> Int32[Array, "B"]:
+    """``bonus[b] = predict[accept_index[b, accept_lens[b] - 1]]`` (SGLang 0.5.23 ``fill_bonus_tokens``).
+
+    The 0.5.23 row stride ``accept_index.shape[1]`` is implied by the 2-D indexing. For valid inputs
+    (``1 <= accept_lens <= S+1``) the read node is never a -1 pad; out-of-range values are clipped
+    here (upstream would read a neighbouring row or wrap to ``predict[-1]``). Output ``(B,)`` int32.
+    """
+    predict = _verify._ints("predict", predict, (None,))
+    accept_index = _verify._ints("accept_index", accept_index, (None, None))
+    accept_lens = _verify._ints("accept_lens", accept_lens, (accept_index.shape[0],))
+    return _fill_bonus_tokens(predict, accept_index, accept_lens)
