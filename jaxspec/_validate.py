@@ -53,6 +53,12 @@ def _is_concrete(x) -> bool:
     return False
 
 
+def _dtype_of(x) -> np.dtype:
+    # Never evaluate np.asarray on a tracer (it raises); tracers and arrays carry .dtype.
+    dt = getattr(x, "dtype", None)
+    return np.dtype(dt) if dt is not None else np.asarray(x).dtype
+
+
 def _shape_str(shape) -> str:
     return "(" + ", ".join(str(d) for d in shape) + ("," if len(shape) == 1 else "") + ")"
 
@@ -78,13 +84,13 @@ def index_array(name: str, x, shape: Sequence[int | None] | None = None, *, allo
         if allow_none:
             return None
         raise ValueError(f"{name}: expected an integer array, got None")
-    dtype = np.dtype(getattr(x, "dtype", np.asarray(x).dtype))
+    dtype = _dtype_of(x)
     if not np.issubdtype(dtype, np.integer):
         raise ValueError(f"{name}: expected an integer dtype (int32, or int64 within int32 range), got {dtype}")
     if shape is not None:
         check_shape(name, x, shape)
     if dtype == np.int32:
-        return jnp.asarray(x)
+        return x if isinstance(x, jax.core.Tracer) else jnp.asarray(x)
     if _is_concrete(x):
         arr = np.asarray(x)
         if arr.size and (arr.min() < INT32_MIN or arr.max() > INT32_MAX):
@@ -104,7 +110,7 @@ def index_array(name: str, x, shape: Sequence[int | None] | None = None, *, allo
 
 def float_array(name: str, x, shape: Sequence[int | None] | None = None, dtypes=(np.float32,)):
     """Validate a float array's dtype and shape; returns it as a JAX array."""
-    dtype = np.dtype(getattr(x, "dtype", np.asarray(x).dtype))
+    dtype = _dtype_of(x)
     if dtype not in [np.dtype(d) for d in dtypes]:
         names = " or ".join(np.dtype(d).name for d in dtypes)
         raise ValueError(f"{name}: expected dtype {names}, got {dtype}")
