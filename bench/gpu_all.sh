@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Everything jaxspec measures and checks on the H200, in one call of the device tool:
+#   run(command="bash bench/gpu_all.sh [parts]", carry=[".originals"])
+# parts (default all): env tests kernels check step decode
+# Writes logs/JSON/PNG under $OUT (or ./out). Keeps going after a failing part; exit 1 if any failed.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
+export XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1 TORCHDYNAMO_DISABLE=1 JAXSPEC_TEST_GPU=1
+PARTS=${*:-env tests kernels check step decode}
+PY=python3
+fail=0
+run() {  # run NAME TIMEOUT CMD...
+  local name=$1 t=$2; shift 2
+  echo "=== $name ($(date +%T)) ==="
+  timeout "$t" "$@" > >(tee "$OUT/$name.log") 2>&1
+  local rc=$?
+  echo "=== $name rc=$rc ($(date +%T)) ==="
+  [ $rc -eq 0 ] || fail=1
+}
+# Offline installs: tvm-ffi (for SGLang's run-time-compiled CUDA kernels) and jaxspec itself.
+whl=$(ls .originals/apache-tvm-ffi-*/*.whl 2>/dev/null | head -1)
+if [ -n "$whl" ]; then $PY -m pip install -q --no-index --no-deps --target /tmp/site "$whl" && export PYTHONPATH=/tmp/site; fi
+$PY -m pip install -q --no-index --no-deps --no-build-isolation -e . >/dev/null 2>&1 || export PYTHONPATH=${PYTHONPATH:-}:$PWD
+for p in $PARTS; do case $p in
+  env) run env 120 $PY -c "import jax, torch, triton, jaxspec, jaxspec.kernels; print(jax.__version__, jax.devices(), torch.__version__, torch.cuda.get_device_name(), triton.__version__); import subprocess; print(subprocess.run(['nvcc','--version'],capture_output=True,text=True).stdout[-80:])" ;;
+  tests) run tests 300 $PY -m pytest -q -x -m gpu -p no:cacheprovider tests ;;
+  kernels) run kernels 240 $PY bench/kernels.py --json "$OUT/kernels.json" ;;
+  check) run check 240 $PY -m jaxspec.interop.check --device cuda --seed 0 --cases 3 ;;
+  step) run step 300 $PY bench/step.py --device cuda --json "$OUT/step.json" --png "$OUT/step.png" ;;
+  decode) run decode 240 $PY bench/decode.py --device gpu --json "$OUT/decode.json" ;;
+  *) echo "unknown part $p"; fail=1 ;;
+esac; done
+exit $fail
