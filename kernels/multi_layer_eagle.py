@@ -38,9 +38,13 @@ def _cdiv(a, b):
 
 
 def _index(name, x, shape=None, *, allow_none=False):
-    """``_validate.index_array`` that also accepts tracers (its ``getattr(x, "dtype", np.asarray(x).dtype)``
-    evaluates ``np.asarray`` eagerly, which fails under an enclosing jit); traced wide integers are narrowed
-    behind a checked-mode range check, like index_array does for them."""
+    """``_validate.index_array`` without its eager ``np.asarray(x)`` (the ``getattr`` default): that fails on
+    tracers and copies every device array to the host. int32 device arrays pass untouched; traced wide
+    integers are narrowed behind a checked-mode range check, like index_array does for them."""
+    if isinstance(x, jax.Array) and x.dtype == jnp.int32:  # device arrays and tracers: no host round trip
+        if shape is not None:
+            _validate.check_shape(name, x, shape)
+        return x
     if isinstance(x, jax.core.Tracer):
         if not jnp.issubdtype(x.dtype, jnp.integer):
             raise ValueError(f"{name}: expected an integer dtype (int32, or int64 within int32 range), got {x.dtype}")
@@ -56,7 +60,7 @@ def _index(name, x, shape=None, *, allow_none=False):
 
 def _float(name, x, shape, dtypes):
     """``_validate.float_array`` that also accepts tracers (see ``_index``)."""
-    if isinstance(x, jax.core.Tracer):
+    if isinstance(x, jax.Array):  # device arrays and tracers: no host round trip
         if x.dtype not in [jnp.dtype(d) for d in dtypes]:
             raise ValueError(f"{name}: expected dtype {' or '.join(jnp.dtype(d).name for d in dtypes)}, got {x.dtype}")
         _validate.check_shape(name, x, shape)
@@ -207,8 +211,9 @@ def _assign_hidden_states_pool_kernel(
 
 @functools.partial(jax.jit, static_argnames=("implementation", "interpret", "checks"),
                    donate_argnames=("input_ids",))
-def _rotate_input_ids_jit(input_ids, starts, lens, tokens, select, *, implementation, interpret, checks):
+def _rotate_input_ids_jit(input_ids, starts, lens, topk, select, *, implementation, interpret, checks):
     n, batch = input_ids.shape[0], starts.shape[0]
+    tokens = topk.reshape(-1)[:batch]  # upstream reads topk_index.flat[b]
     if checks:
         _validate.check(jnp.all(lens >= 0), "extend_seq_lens: negative length")
         _validate.check(jnp.all((starts >= 0) & (starts + lens <= n)),
@@ -262,10 +267,9 @@ def rotate_input_ids(
     if topk.ndim not in (1, 2) or topk.size < batch:
         raise ValueError(f"topk_index: expected shape (B,) or (B, K) with at least B={batch} elements "
                          f"(read as topk_index.flat[b]), got topk_index.shape={tuple(topk.shape)}")
-    tokens = topk.reshape(-1)[:batch]
     select = _index("select_index", select_index, (batch,), allow_none=True)
     impl = _backend.resolve_implementation(implementation, interpret)
-    return _rotate_input_ids_jit(ids, starts, lens, tokens, select, implementation=impl, interpret=interpret,
+    return _rotate_input_ids_jit(ids, starts, lens, topk, select, implementation=impl, interpret=interpret,
                                  checks=_validate.checks_enabled())
 
 

@@ -84,9 +84,13 @@ def _page_locs(gather, pool, pos, *, num_rows: int, max_pages: int, page_size: i
 
 
 def _index(name, x, shape=None, *, allow_none=False):
-    """``_validate.index_array`` that also accepts tracers (its ``getattr(x, "dtype", np.asarray(x).dtype)``
-    evaluates ``np.asarray`` eagerly, which fails under an enclosing jit); traced wide integers are narrowed
-    behind a checked-mode range check, like index_array does for them."""
+    """``_validate.index_array`` without its eager ``np.asarray(x)`` (the ``getattr`` default): that fails on
+    tracers and copies every device array to the host. int32 device arrays pass untouched; traced wide
+    integers are narrowed behind a checked-mode range check, like index_array does for them."""
+    if isinstance(x, jax.Array) and x.dtype == jnp.int32:  # device arrays and tracers: no host round trip
+        if shape is not None:
+            _validate.check_shape(name, x, shape)
+        return x
     if isinstance(x, jax.core.Tracer):
         if not jnp.issubdtype(x.dtype, jnp.integer):
             raise ValueError(f"{name}: expected an integer dtype (int32, or int64 within int32 range), got {x.dtype}")
@@ -98,6 +102,14 @@ def _index(name, x, shape=None, *, allow_none=False):
                         f"{name}: {x.dtype} value does not fit in int32")
         return x.astype(jnp.int32)
     return _validate.index_array(name, x, shape, allow_none=allow_none)
+
+
+def _segment_of(ends, size: int):
+    """For each ``t < size``: the number of segments ending at or before ``t`` (= ``searchsorted(ends, t,
+    side="right")`` for non-decreasing ``ends``), by a scatter-add + cumsum -- no XLA while loop, whose
+    per-iteration predicate read-back makes ``jnp.searchsorted`` slow on GPU."""
+    count = jnp.zeros((size + 1,), jnp.int32).at[jnp.minimum(ends, size)].add(1)
+    return jnp.cumsum(count)[:size]
 
 
 def _exclusive_cumsum(x):
@@ -130,7 +142,7 @@ def update_req_to_page_reference(
     ends = off + num
     # Entry t of the packed buffer belongs to the request whose [off, end) holds t.
     t = jnp.arange(total, dtype=jnp.int32)
-    r = jnp.searchsorted(ends, t, side="right").astype(jnp.int32)
+    r = _segment_of(ends, total)
     valid = r < num.shape[0]
     r_c = jnp.minimum(r, num.shape[0] - 1)
     col = pages_copy_starts[r_c] + (t - off[r_c])
@@ -158,7 +170,7 @@ def compute_out_cache_loc_reference(
     lens = jnp.maximum(input_lengths, 0)
     ends = jnp.cumsum(lens)
     t = jnp.arange(out_size, dtype=jnp.int32)
-    r = jnp.searchsorted(ends, t, side="right").astype(jnp.int32)
+    r = _segment_of(ends, out_size)
     valid = r < batch
     r_c = jnp.minimum(r, batch - 1)
     pos = cache_start[r_c] + (t - (ends[r_c] - lens[r_c]))
