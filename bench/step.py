@@ -40,6 +40,7 @@ interpreter and Pallas interpret mode (the smoke-test path; timings there are me
 
 import argparse
 import dataclasses
+import inspect
 import json
 import math
 import os
@@ -521,7 +522,10 @@ def _patch_validate_for_tracers() -> None:
           "in-process (see _patch_validate_for_tracers)", file=sys.stderr)
 
 
-def make_jax_step(S: int, K: int, N: int, interpret: bool, move: str = "accept"):
+STAGES = ("tree", "verify", "move", "locs")  # prefixes of the step, for --breakdown
+
+
+def make_jax_step(S: int, K: int, N: int, interpret: bool, move: str = "accept", upto: str = "locs"):
     """``step(k_pool, v_pool, inputs) -> (k_pool, v_pool, outputs)``: the whole bookkeeping step,
     traceable, no host syncs. ``move``: ``"accept"`` = ``move_accept_tokens_to_target_kvcache`` (the same
     pairs laid out request-aligned, fully parallel); ``"pairs"`` = 0.5.23's packed pairs from
@@ -534,6 +538,9 @@ def make_jax_step(S: int, K: int, N: int, interpret: bool, move: str = "accept")
     _patch_validate_for_tracers()
     cfg = SpecConfig(num_steps=S, topk=K, num_draft_tokens=N)
     kern = dict(interpret=True) if interpret else {}
+    # build_tree's nodes have at most K children: verify can then scan siblings in K unrolled steps
+    # (straight-line code) instead of an early-exit while_loop (a device->host round trip per iteration).
+    verify_kw = dict(topk=K) if "topk" in inspect.signature(verify.verify_tree_greedy).parameters else {}
 
     def step(k_pool, v_pool, x):
         bs = x["seq_lens"].shape[0]
@@ -547,7 +554,7 @@ def make_jax_step(S: int, K: int, N: int, interpret: bool, move: str = "accept")
             tr = tree.build_chain_tree(x["bonus_tokens"], x["chain_draft_tokens"], x["seq_lens"], config=cfg)
         vr = verify.verify_tree_greedy(
             tr.draft_tokens.reshape(bs, N), tr.retrieve_index, tr.retrieve_next_token, tr.retrieve_next_sibling,
-            x["target_predict"], num_steps=S,
+            x["target_predict"], num_steps=S, **verify_kw,
         )
         accept_lens = vr.num_correct_drafts + 1
         bonus = accept.fill_bonus_tokens(vr.predict, vr.accept_index, accept_lens)
@@ -558,6 +565,11 @@ def make_jax_step(S: int, K: int, N: int, interpret: bool, move: str = "accept")
             draft_tokens=tr.draft_tokens, predict=vr.predict, accept_index=vr.accept_index,
             accept_lens=accept_lens, bonus_tokens=bonus, new_seq_lens=new_seq_lens,
         )
+        if upto == "tree":
+            return k_pool, v_pool, {k: out[k] for k in ("tree_mask", "positions", "retrieve_index",
+                                                        "retrieve_next_token", "retrieve_next_sibling", "draft_tokens")}
+        if upto == "verify":
+            return k_pool, v_pool, out
         if K > 1:  # upstream skips the move for K == 1 (the accepted chain already is the window front)
             if move == "accept":
                 k_pool, v_pool = kkv.move_accept_tokens_to_target_kvcache(
@@ -568,6 +580,8 @@ def make_jax_step(S: int, K: int, N: int, interpret: bool, move: str = "accept")
                 src = kcl.fill_accept_out_cache_loc(vr.accept_index, x["out_cache_loc"], **kern)
                 k_pool, v_pool = kkv.move_kv_cache(k_pool, v_pool, tgt, src, **kern)
                 out.update(move_tgt=tgt, move_src=src)
+        if upto == "move":
+            return k_pool, v_pool, out
         out["next_out_cache_loc"] = kcl.assign_extend_cache_locs_uniform(
             x["req_pool_indices"], x["req_to_token"], new_seq_lens, width=N, **kern
         ).out_cache_loc
@@ -623,7 +637,7 @@ def make_jax_loop(step, steps: int):
     def loop(k_pool, v_pool, x, out0):
         def body(_, carry):
             k_pool, v_pool, out = carry
-            token = out["accept_lens"][0] > 0
+            token = (out["accept_lens"][0] > 0) if "accept_lens" in out else (out["positions"][0] >= 0)
             return step(k_pool, v_pool, _perturb(x, token))
 
         return jax.lax.fori_loop(0, steps, body, (k_pool, v_pool, out0))
@@ -742,16 +756,20 @@ def copy_bandwidth(device: str) -> dict:
     nbytes = (2 << 30) if device == "cuda" else (16 << 20)
     n = nbytes // 2
     res = {}
-    x = jnp.ones((n,), jnp.bfloat16)
-    f = jax.jit(lambda a: a + jnp.bfloat16(1))  # an elementwise pass: one read + one write per element
-    f(x).block_until_ready()
     reps = 20 if device == "cuda" else 3
-    t0 = time.perf_counter()
-    ys = [f(x) for _ in range(reps)]
-    jax.block_until_ready(ys)
-    dt = (time.perf_counter() - t0) / reps
-    res["jax_gbps"] = 2 * nbytes / dt / 1e9
-    del ys, x
+    # an elementwise pass (one read + one write per element), R times inside one jit so that neither
+    # dispatch nor allocation is timed; the buffer ping-pongs through the loop carry.
+    f = jax.jit(lambda a: jax.lax.fori_loop(0, reps, lambda _, y: y + jnp.bfloat16(1), a), donate_argnums=0)
+    x = f(jnp.zeros((n,), jnp.bfloat16))
+    x.block_until_ready()
+    best = math.inf
+    for _ in range(3):
+        t0 = time.perf_counter()
+        x = f(x)
+        x.block_until_ready()
+        best = min(best, time.perf_counter() - t0)
+    res["jax_gbps"] = 2 * nbytes * reps / best / 1e9
+    del x
     src = torch.ones(n, dtype=torch.bfloat16, device="cuda" if device == "cuda" else "cpu")
     dst = torch.empty_like(src)
     if device == "cuda":
@@ -761,6 +779,17 @@ def copy_bandwidth(device: str) -> dict:
     res["torch_gbps"] = 2 * nbytes / (us * 1e-6) / 1e9
     del src, dst
     return res
+
+
+def while_loop_report(compiled_text: str) -> str:
+    """How many HLO while loops the compiled step has and how many have a known trip count (XLA GPU
+    evaluates the predicate of the others on the host: a device->host round trip per iteration)."""
+    total = known = 0
+    for line in compiled_text.splitlines():
+        if re.search(r"\swhile\(", line):
+            total += 1
+            known += "known_trip_count" in line
+    return f"{total} while loops ({known} with a known trip count)"
 
 
 def count_pool_copies(compiled_text: str, pool: PoolShape) -> int:
@@ -814,8 +843,9 @@ def run_case(name, S, K, N, bs, args, pool: PoolShape, orig: "Original", reps: R
     print(f"  {where}: outputs equal (tree, verify, bonus, move pairs, KV pool bit-exact, next cache locs); "
           f"mean accept_len {accept_lens.mean():.2f}; jax compile {compile_s:.1f}s", flush=True)
     if args.debug:
+        txt = compiled.as_text()
         print(f"  [debug] {where}: pool-sized copy ops in the compiled step HLO: "
-              f"{count_pool_copies(compiled.as_text(), pool)}", flush=True)
+              f"{count_pool_copies(txt, pool)}; {while_loop_report(txt)}", flush=True)
 
     row = dict(config=name, S=S, K=K, N=N, bs=bs, mean_accept_len=float(accept_lens.mean()), checked=True)
     row.update(step_bytes(inp, pool))
@@ -861,7 +891,25 @@ def run_case(name, S, K, N, bs, args, pool: PoolShape, orig: "Original", reps: R
     row["ours_loop_us"] = best / reps.loop_steps * 1e6
     out_t.pop("move_tgt", None), out_t.pop("move_src", None)
     compare_outputs(out_l, out_t, where + " (in-jit loop outputs)")  # same inputs -> same outputs
-    del k_pool, v_pool, out_l, out_j
+    del out_l
+    if args.breakdown:
+        prev, parts = 0.0, {}
+        for stage in STAGES[:-1]:
+            sub = make_jax_step(S, K, N, interpret=not on_gpu, move=args.move, upto=stage)
+            _, _, o0 = jax.jit(sub)(k_pool, v_pool, xi)
+            sl = make_jax_loop(sub, reps.loop_steps).lower(k_pool, v_pool, xi, o0).compile()
+            k_pool, v_pool, o = sl(k_pool, v_pool, xi, o0)
+            jax.block_until_ready(o)
+            t0 = time.perf_counter()
+            k_pool, v_pool, o = sl(k_pool, v_pool, xi, o)
+            jax.block_until_ready((k_pool, v_pool, o))
+            t = (time.perf_counter() - t0) / reps.loop_steps * 1e6
+            parts[stage], prev = t - prev, t
+        parts["locs"] = row["ours_loop_us"] - prev
+        row["breakdown_loop_us"] = parts
+        print(f"  [breakdown] {where}: in-jit loop us/step by stage: "
+              + ", ".join(f"{k} {v:.1f}" for k, v in parts.items()), flush=True)
+    del k_pool, v_pool, out_j
 
     # ---- original: eager wall, eager GPU, CUDA graph GPU
     fn = lambda: orig.step(ti, S, K, N)  # noqa: E731
@@ -915,11 +963,12 @@ def print_table(rows: list, bw: dict) -> None:
 
 
 def run(device: str = "cuda", batch_sizes=(1, 16, 64, 256), configs=("tree", "chain"), quick: bool = False,
-        debug: bool = False, pool: PoolShape | None = None, move: str = "accept", check_only: bool = False) -> dict:
+        debug: bool = False, pool: PoolShape | None = None, move: str = "accept", check_only: bool = False,
+        breakdown: bool = False) -> dict:
     """Run the benchmark; returns the JSON-able result. ``check_only``: the correctness path only (every
     (config, batch size) compiled once and compared exactly, nothing timed). On CPU timings are tokens."""
     _init_backends(device)
-    args = argparse.Namespace(device=device, debug=debug, move=move, check_only=check_only)
+    args = argparse.Namespace(device=device, debug=debug, move=move, check_only=check_only, breakdown=breakdown)
     pool = pool or (GPU_POOL if device == "cuda" else CPU_POOL)
     reps = CPU_REPS if device == "cpu" else (QUICK_REPS if quick else FULL_REPS)
     dev = torch.device("cuda" if device == "cuda" else "cpu")
@@ -953,6 +1002,7 @@ def main(argv=None) -> int:
     p.add_argument("--png", default=None)
     p.add_argument("--quick", action="store_true", help="fewer repetitions")
     p.add_argument("--check-only", action="store_true", help="correctness only (compare every output), no timing")
+    p.add_argument("--breakdown", action="store_true", help="also time step prefixes (tree, +verify, +move) in-jit")
     p.add_argument("--debug", action="store_true", help="print pool-sized copy counts of the compiled HLO")
     p.add_argument("--move", choices=("accept", "pairs"), default="accept",
                    help="jaxspec KV move: move_accept_tokens_to_target_kvcache (default) or fill_front/fill_accept + move_kv_cache")
@@ -963,16 +1013,20 @@ def main(argv=None) -> int:
     for c in configs:
         if c not in CONFIGS:
             p.error(f"--configs: unknown config {c!r} (choose from {', '.join(CONFIGS)})")
-    res = run(a.device, batch_sizes, configs, quick=a.quick, debug=a.debug, move=a.move, check_only=a.check_only)
+    res = run(a.device, batch_sizes, configs, quick=a.quick, debug=a.debug, move=a.move, check_only=a.check_only,
+              breakdown=a.breakdown)
     if a.json:
         pathlib.Path(a.json).write_text(json.dumps(res, indent=1))
         print(f"wrote {a.json}")
     if a.png and not a.check_only:
         sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-        import plot_step
+        try:
+            import plot_step
 
-        plot_step.plot(res, a.png)
-        print(f"wrote {a.png}")
+            plot_step.plot(res, a.png)
+            print(f"wrote {a.png}")
+        except ImportError as e:  # matplotlib absent: the JSON still holds everything
+            print(f"--png skipped: {e}", file=sys.stderr)
     return 0
 
 
