@@ -163,9 +163,11 @@ def test_verify_tree_greedy_real_shapes(batch, topk, steps, n, vocab):
     rng = np.random.default_rng(batch * 1000 + topk * 100 + steps * 10 + n)
     tree = oracle.random_tree(rng, batch, topk, steps, n, vocab)
     tp = greedy_target(rng, tree, vocab)
-    out = verify_tree_greedy(*tree, tp, num_steps=steps)
-    assert_verify_equal(out, oracle.verify_greedy(*tree, tp, steps + 1))
-    assert out.accept_index.shape == (batch, steps + 1)
+    ref = oracle.verify_greedy(*tree, tp, steps + 1)
+    for bound in (None, topk):  # while_loop scan, and the loop-free scan bounded by K
+        out = verify_tree_greedy(*tree, tp, num_steps=steps, topk=bound)
+        assert_verify_equal(out, ref)
+        assert out.accept_index.shape == (batch, steps + 1)
 
 
 @settings(max_examples=220)
@@ -332,8 +334,10 @@ def test_sampling_real_shapes(batch, topk, steps, n, vocab):
     tree = oracle.random_tree(rng, batch, topk, steps, n, vocab)
     probs = dyadic_probs(rng, tree, vocab)
     coins, final = coins_for(rng, (batch, n)), coins_for(rng, (batch,))
-    out = tree_speculative_sampling_target_only(*tree, coins, final, probs, num_steps=steps)
-    assert_verify_equal(out, oracle.sampling_target_only(*tree, coins, final, probs, None, steps + 1))
+    ref = oracle.sampling_target_only(*tree, coins, final, probs, None, steps + 1)
+    for bound in (None, topk):
+        out = tree_speculative_sampling_target_only(*tree, coins, final, probs, num_steps=steps, topk=bound)
+        assert_verify_equal(out, ref)
 
 
 N_PAD_S, V_S = 64, 32  # sampling breadth: trees with N <= 48 (K > 1) or chains, embedded at N_PAD_S
@@ -583,6 +587,7 @@ def _sampling_args(**over):
         (dict(target_probs=np.zeros((2, 4, 5), np.float32)), {}, "target_probs: expected shape"),
         (dict(draft_probs=np.zeros((2, 3, 6), np.float32)), {}, "draft_probs: expected shape"),
         ({}, dict(num_steps=0), "num_steps: expected >= 1"),
+        ({}, dict(topk=0), "topk: expected >= 1"),
         ({}, dict(threshold_acc=1.5), "threshold_acc: expected a value in"),
         ({}, dict(threshold_single=jnp.float32(0.5)), "threshold_single: expected a Python float"),
     ],

@@ -58,16 +58,18 @@ def _to_output(out: _verify.VerifyOutput) -> EagleSampleOutput:
     return EagleSampleOutput(out.predict, out.num_correct_drafts + 1, out.accept_index)
 
 
-@functools.partial(jax.jit, static_argnames=("num_steps",))
-def _greedy(logits, tree, *, num_steps):
+@functools.partial(jax.jit, static_argnames=("num_steps", "topk"))
+def _greedy(logits, tree, *, num_steps, topk):
     b, n = tree.candidates.shape
     # torch.argmax / jnp.argmax: first maximal index, NaN counts as the maximum.
     target_predict = jnp.argmax(logits, axis=-1).astype(jnp.int32).reshape(b, n)
-    return _to_output(_verify._verify_tree_greedy(tree, target_predict, num_steps=num_steps))
+    return _to_output(_verify._verify_tree_greedy(tree, target_predict, num_steps=num_steps, topk=topk))
 
 
-@functools.partial(jax.jit, static_argnames=("num_steps", "threshold_single", "threshold_acc"))
-def _sampling(logits, tree, temperatures, top_ks, top_ps, coins, final, *, num_steps, threshold_single, threshold_acc):
+@functools.partial(jax.jit, static_argnames=("num_steps", "topk", "threshold_single", "threshold_acc"))
+def _sampling(
+    logits, tree, temperatures, top_ks, top_ps, coins, final, *, num_steps, topk, threshold_single, threshold_acc
+):
     b, n = tree.candidates.shape
     v = logits.shape[-1]
     # softmax(logits / T) in float32, T repeated per node (upstream: repeat_interleave(temperatures, N)).
@@ -84,6 +86,7 @@ def _sampling(logits, tree, temperatures, top_ks, top_ps, coins, final, *, num_s
         probs.reshape(b, n, v),
         None,  # tree mode: zero draft probs
         num_steps=num_steps,
+        topk=topk,
         threshold_single=threshold_single,
         threshold_acc=threshold_acc,
     )
@@ -117,7 +120,9 @@ def eagle_sample(
     max) and ``verify_tree_greedy``. ``greedy=False``: ``softmax(logits / T)`` with each request's
     temperature repeated over its ``N`` nodes, then ``top_k_renorm_prob`` if ``top_ks`` is given and
     ``top_p_renorm_prob`` if ``top_ps`` is given (upstream's ``need_top_k/p_sampling``), then
-    ``tree_speculative_sampling_target_only`` with zero draft probs and the given coins.
+    ``tree_speculative_sampling_target_only`` with zero draft probs and the given coins. The sibling scan
+    is bounded by ``config.topk`` (every ``build_tree`` node has at most ``K`` children), which makes the
+    walk loop-free.
 
     Args:
       logits: ``(B*N, V)`` float32/bfloat16/float16 target logits of every tree node.
@@ -154,7 +159,7 @@ def eagle_sample(
         raise ValueError(f"logits: expected a vocab size >= 1, got {logits.shape=}")
 
     if greedy:
-        out = _greedy(logits, tree, num_steps=s)
+        out = _greedy(logits, tree, num_steps=s, topk=config.topk)
     else:
         if temperatures is None:
             raise ValueError("temperatures: required (shape (B,), float32) when greedy=False")
@@ -190,6 +195,7 @@ def eagle_sample(
             coins,
             final,
             num_steps=s,
+            topk=config.topk,
             threshold_single=_verify._threshold("threshold_single", threshold_single),
             threshold_acc=_verify._threshold("threshold_acc", threshold_acc),
         )

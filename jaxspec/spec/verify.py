@@ -123,11 +123,16 @@ def _row_take(x, idx):
     return jnp.take_along_axis(x, idx[:, None], axis=1, mode="clip")[:, 0]
 
 
-def _tree_walk(tree: _Tree, num_steps: int, accept_fn, coins=None) -> _Walk:
+def _tree_walk(tree: _Tree, num_steps: int, topk: int | None, accept_fn, coins=None) -> _Walk:
     """The shared acceptance walk of ``VerifyTreeGreedy`` / ``TreeSpeculativeSamplingTargetOnly``.
 
     ``accept_fn(walk, cur, tok, prob_acc) -> (accept, new_prob_acc)`` decides, for every request, whether
     candidate ``cur`` (token ``tok``) is accepted; it is only consulted for requests still searching.
+
+    ``topk`` given: every node has at most ``topk`` children (true of every ``build_tree`` output), so
+    the sibling scan is ``topk`` unrolled steps and the whole walk is straight-line code (no
+    ``while_loop``, whose per-iteration predicate costs a device round trip on GPU). ``topk=None``: an
+    early-exit ``while_loop`` bounded by ``N`` (any sibling-list length).
     """
     b, n = tree.candidates.shape
     a = num_steps + 1
@@ -173,10 +178,13 @@ def _tree_walk(tree: _Tree, num_steps: int, accept_fn, coins=None) -> _Walk:
             rejected=walk.rejected,
             steps=jnp.zeros((), jnp.int32),
         )
-        # Bounded by N: a valid sibling list has fewer than N entries (upstream loops unboundedly).
-        s = lax.while_loop(
-            lambda s: (s.steps < n) & jnp.any(s.searching), lambda s: sibling_body(s, walk), s0
-        )
+        if topk is None:
+            # Bounded by N: a valid sibling list has fewer than N entries (upstream loops unboundedly).
+            s = lax.while_loop(
+                lambda s: (s.steps < n) & jnp.any(s.searching), lambda s: sibling_body(s, walk), s0
+            )
+        else:
+            s = lax.fori_loop(0, topk, lambda _, s: sibling_body(s, walk), s0, unroll=True)
         found = s.found
         node = jnp.clip(s.cur, 0, n - 1)
         gid = _row_take(tree.retrieve_index, node)
@@ -195,7 +203,7 @@ def _tree_walk(tree: _Tree, num_steps: int, accept_fn, coins=None) -> _Walk:
             rejected=s.rejected & ~found[:, None],
         )
 
-    return lax.fori_loop(0, num_steps, level, init)
+    return lax.fori_loop(0, num_steps, level, init, unroll=True)
 
 
 def _scatter_predict(num_nodes: int, accept_index, values):
@@ -222,15 +230,15 @@ def _validate_tree(candidates, retrieve_index, retrieve_next_token, retrieve_nex
 # ----------------------------------------------------------------------------------------------------
 
 
-@functools.partial(jax.jit, static_argnames=("num_steps",))
-def _verify_tree_greedy(tree: _Tree, target_predict, *, num_steps: int) -> VerifyOutput:
+@functools.partial(jax.jit, static_argnames=("num_steps", "topk"))
+def _verify_tree_greedy(tree: _Tree, target_predict, *, num_steps: int, topk: int | None) -> VerifyOutput:
     b, n = tree.candidates.shape
     tp_flat = target_predict.reshape(-1)  # indexed with *global* node ids, as upstream
 
     def accept_fn(walk, cur, tok, prob_acc):
         return tok == tp_flat[jnp.clip(walk.last, 0, b * n - 1)], prob_acc
 
-    walk = _tree_walk(tree, num_steps, accept_fn)
+    walk = _tree_walk(tree, num_steps, topk, accept_fn)
     # predict[g] = target_predict.flat[g] on the path: for an accepted step that value equals the
     # accepted child's token; after the last accepted node it is the bonus token.
     values = tp_flat[jnp.clip(walk.accept_index, 0, b * n - 1)]
@@ -246,6 +254,7 @@ def verify_tree_greedy(
     target_predict: Int32[Array, "B N"],
     *,
     num_steps: int,
+    topk: int | None = None,
 ) -> VerifyOutput:
     """Greedy tree verification (SGLang 0.5.23 ``verify_tree_greedy``).
 
@@ -259,6 +268,9 @@ def verify_tree_greedy(
       target_predict: ``(B, N)`` int target argmax per node, read with *global* node ids
         (``target_predict.flat[retrieve_index[b, j]]``) as upstream does.
       num_steps: static ``S``; ``accept_index`` has width ``S + 1``.
+      topk: optional static ``K`` (upstream's ``verify_tree_greedy_func(topk=)``): promises at most
+        ``K`` children per node (true of ``build_tree`` outputs) and makes the walk loop-free. With more
+        siblings than ``K`` the scan stops after ``K`` of them. ``None``: no assumption.
 
     Returns:
       ``VerifyOutput(predict (B*N,), accept_index (B, S+1), num_correct_drafts (B,))``, all int32.
@@ -267,7 +279,8 @@ def verify_tree_greedy(
     num_steps = static_int("num_steps", num_steps, lo=1)
     tree = _validate_tree(candidates, retrieve_index, retrieve_next_token, retrieve_next_sibling)
     target_predict = _ints("target_predict", target_predict, tuple(tree.candidates.shape))
-    return _verify_tree_greedy(tree, target_predict, num_steps=num_steps)
+    topk = None if topk is None else static_int("topk", topk, lo=1)
+    return _verify_tree_greedy(tree, target_predict, num_steps=num_steps, topk=topk)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -299,9 +312,9 @@ def sample_residual(
     return jnp.where(jnp.any(hit, axis=-1), first_hit, fallback)
 
 
-@functools.partial(jax.jit, static_argnames=("num_steps", "threshold_single", "threshold_acc"))
+@functools.partial(jax.jit, static_argnames=("num_steps", "topk", "threshold_single", "threshold_acc"))
 def _tree_speculative_sampling(
-    tree: _Tree, coins, final_coins, target_probs, draft_probs, *, num_steps, threshold_single, threshold_acc
+    tree: _Tree, coins, final_coins, target_probs, draft_probs, *, num_steps, topk, threshold_single, threshold_acc
 ) -> VerifyOutput:
     b, n, v = target_probs.shape
     rows = jnp.arange(b, dtype=jnp.int32) * n
@@ -317,7 +330,7 @@ def _tree_speculative_sampling(
         accept = (p > 0) & ((walk.coin < acc / thr_acc) | (p >= thr_single))
         return accept, acc
 
-    walk = _tree_walk(tree, num_steps, accept_fn, coins=coins)
+    walk = _tree_walk(tree, num_steps, topk, accept_fn, coins=coins)
 
     # Bonus / correction token: sample max(q - p, 0) on the last accepted node's row. Upstream wrote
     # p[row, tok] = q[row, tok] for every rejected sibling (mutating draft_probs); the only such writes
@@ -360,6 +373,7 @@ def tree_speculative_sampling_target_only(
     draft_probs: Float[Array, "B N V"] | None = None,
     *,
     num_steps: int,
+    topk: int | None = None,
     threshold_single: float = 1.0,
     threshold_acc: float = 1.0,
 ) -> VerifyOutput:
@@ -384,6 +398,7 @@ def tree_speculative_sampling_target_only(
       target_probs: ``(B, N, V)`` float32 target distribution after each node.
       draft_probs: optional ``(B, N, V)`` float32; ``None`` means zeros (what eagle_sample passes).
       num_steps: static ``S``.
+      topk: optional static ``K`` bound on children per node (see ``verify_tree_greedy``).
       threshold_single, threshold_acc: static acceptance thresholds in ``[0, 1]`` (used as float32).
 
     Returns:
@@ -406,6 +421,7 @@ def tree_speculative_sampling_target_only(
         target_probs,
         draft_probs,
         num_steps=num_steps,
+        topk=None if topk is None else static_int("topk", topk, lo=1),
         threshold_single=_threshold("threshold_single", threshold_single),
         threshold_acc=_threshold("threshold_acc", threshold_acc),
     )
