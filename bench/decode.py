@@ -1,0 +1,107 @@
+"""Decode benchmark: speculative (MTP chain / tree) vs plain greedy decoding, on-device ``while_loop`` vs
+host-driven (one jitted call per round), over batch sizes.
+
+``python bench/decode.py [--device cpu|gpu] [--batch-sizes 1,8,32] [--max-new 128] [--json PATH]``
+
+Reports generated tokens/s (wall time of the decode, prefill included, compile excluded; median over
+``--repeats``), the mean accept length (tokens committed per verify round) and compile time.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+
+def _parse(argv):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", choices=["cpu", "gpu"], default="cpu")
+    ap.add_argument("--batch-sizes", default="1,8,32")
+    ap.add_argument("--configs", default="plain,chain,tree")
+    ap.add_argument("--modes", default="loop,host")
+    ap.add_argument("--max-new", type=int, default=128)
+    ap.add_argument("--page-size", type=int, default=16)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--implementation", default="auto", help="kernel implementation (auto|reference|pallas)")
+    ap.add_argument("--json", default=None)
+    return ap.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = _parse(argv)
+    os.environ["JAX_PLATFORMS"] = "cpu" if args.device == "cpu" else "cuda"
+    import jax
+    import numpy as np
+    from tqdm import tqdm
+
+    from jaxspec.config import SpecConfig
+    from jaxspec.corpus import make_prompts
+    from jaxspec.engine import Engine
+    from jaxspec.models import DEFAULT_WEIGHTS, MockVocab, load_pair
+
+    specs = {"plain": None, "chain": SpecConfig(3, 1, 4), "tree": SpecConfig(3, 2, 6)}
+    names = args.configs.split(",")
+    modes = args.modes.split(",")
+    batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
+    model = load_pair(DEFAULT_WEIGHTS)
+    vocab = MockVocab(vocab_size=model.cfg.vocab_size)
+    device = str(jax.devices()[0])
+
+    def run_once(eng, prompts, mode):
+        inputs = jax.block_until_ready(eng.prepare(prompts, args.max_new))
+        t0 = time.perf_counter()
+        if mode == "loop":
+            state = eng.run(*inputs)
+        else:
+            state = eng.run_prefill(*inputs)
+            while not bool(jax.device_get(state.done).all()):
+                state = eng.run_step(state)
+        state = jax.block_until_ready(state)
+        return time.perf_counter() - t0, Engine.result(state)
+
+    rows = []
+    combos = [(b, n, m) for b in batch_sizes for n in names for m in modes]
+    reference = {}
+    for b, name, mode in tqdm(combos, desc="bench", unit="case"):
+        prompts = [vocab.encode(t) for t in make_prompts(b)]
+        spec = specs[name]
+        width = max(len(p) for p in prompts) + args.max_new + (1 if spec is None else spec.num_draft_tokens)
+        eng = Engine(model, spec=spec, max_context=-(-width // args.page_size) * args.page_size,
+                     page_size=args.page_size, implementation=args.implementation)
+        t0 = time.perf_counter()
+        _, res = run_once(eng, prompts, mode)  # compile + warm-up
+        compile_s = time.perf_counter() - t0
+        times = [run_once(eng, prompts, mode)[0] for _ in range(args.repeats)]
+        toks = sum(len(t) for t in res.tokens)
+        key = b
+        if name == "plain" and key not in reference:
+            reference[key] = res.tokens
+        same = None if key not in reference else all(np.array_equal(x, y) for x, y in zip(res.tokens, reference[key]))
+        med = statistics.median(times)
+        rows.append(dict(batch=b, config=name, mode=mode, tokens=toks, seconds=med, tokens_per_s=toks / med,
+                         mean_accept_length=res.mean_accept_length, rounds=int(res.num_rounds.max()),
+                         compile_s=compile_s, matches_plain=same))
+
+    print(f"\ndevice: {device}   max_new {args.max_new}   page size {args.page_size}   implementation {args.implementation}")
+    hdr = f"{'batch':>5} {'config':<6} {'mode':<5} {'tok/s':>10} {'speedup':>8} {'accept':>7} {'rounds':>7} {'ms/round':>9} {'compile s':>10} {'same':>5}"
+    print(hdr)
+    print("-" * len(hdr))
+    base = {(r["batch"], r["mode"]): r["tokens_per_s"] for r in rows if r["config"] == "plain"}
+    for r in rows:
+        sp = r["tokens_per_s"] / base[(r["batch"], r["mode"])] if (r["batch"], r["mode"]) in base else float("nan")
+        r["speedup_vs_plain"] = sp
+        print(f"{r['batch']:>5} {r['config']:<6} {r['mode']:<5} {r['tokens_per_s']:>10.1f} {sp:>8.2f} "
+              f"{r['mean_accept_length']:>7.3f} {r['rounds']:>7} {1e3 * r['seconds'] / max(1, r['rounds']):>9.3f} "
+              f"{r['compile_s']:>10.1f} {str(r['matches_plain']):>5}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(dict(device=device, max_new=args.max_new, page_size=args.page_size,
+                           implementation=args.implementation, rows=rows), f, indent=1)
+        print(f"wrote {args.json}")
+    return 0 if all(r["matches_plain"] is not False for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
