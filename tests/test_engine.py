@@ -120,3 +120,10 @@ def test_errors(models, prompts):
         Engine(models["random"], spec=SpecConfig(5, 1, 6), max_context=W)
     # exactly at the limit is fine
     eng.prepare([np.arange(2, 38)], W - 36 - CHAIN.num_draft_tokens)
+
+
+@pytest.mark.parametrize("spec", [CHAIN, TREE], ids=["chain", "tree"])
+def test_pallas_interpret_kernels(models, prompts, plain, spec):
+    """The same loop with every jaxspec.kernels op forced to its Pallas kernel (interpreted on CPU)."""
+    res = _engine(models["trained"], spec, 16, implementation="pallas", interpret=True).generate(prompts, MAX_NEW)
+    _assert_same(res, plain["trained"])
