@@ -262,6 +262,10 @@ def main(argv=None):
     p.add_argument("--reps", type=int, default=None, help="repetitions inside one jit (default 50; 3 with --small)")
     p.add_argument("--skip-move", action="store_true")
     p.add_argument("--skip-cache-locs", action="store_true")
+    p.add_argument("--move-configs", default="16x1,32x1,8x2,16x2,8x4",
+                   help="KV-move MoveConfig sweep as ROWSxWARPS,... (fewer = faster GPU run)")
+    p.add_argument("--span-modes", default="par,seq", help="span modes of the generic move: par,seq")
+    p.add_argument("--no-extra", action="store_true", help="skip the TokenSpeed/MTP cases of bench/kernels_paged.py")
     args = p.parse_args(argv)
     ctx = BenchContext(interpret=args.interpret, small=args.small, reps=args.reps or (3 if args.small else 50))
     print(f"jax {jax.__version__} backend={jax.default_backend()} devices={jax.devices()}", flush=True)
@@ -272,8 +276,8 @@ def main(argv=None):
         copy_bytes = 1 << 20
     else:
         layers, heads, dim, slots, batch_sizes, big_locs = 32, 8, 128, 1 << 17, (1, 16, 64, 256), 4096
-        configs = [(M.MoveConfig(rows=r, num_warps=w), sm) for r, w in ((16, 1), (32, 1), (8, 2), (16, 2), (8, 4))
-                   for sm in ("par", "seq")]
+        sweep = [tuple(int(v) for v in c.split("x")) for c in args.move_configs.split(",")]
+        configs = [(M.MoveConfig(rows=r, num_warps=w), sm) for r, w in sweep for sm in args.span_modes.split(",")]
         copy_bytes = 1 << 30
     ctx.copy_gbps, copy_us = _timing.copy_ceiling_gbps(copy_bytes, reps=ctx.reps)
     print(f"device-to-device copy ceiling: {ctx.copy_gbps:.0f} GB/s (read+write, {copy_bytes >> 20} MiB, {copy_us:.1f} us)",
@@ -293,7 +297,7 @@ def main(argv=None):
                 seen.add(key)
                 kept.append(r)
         rows += kept
-    for case in load_extra_cases():
+    for case in ([] if args.no_extra else load_extra_cases()):
         try:
             rows += case(ctx)
         except Exception as e:
