@@ -1,1 +1,26 @@
-"""Pallas GPU kernels (paged cache locations, KV move, MTP helpers), each beside a pure-jnp reference."""
+"""Pallas GPU kernels for paged cache-location and KV-move work, each beside a pure-jnp reference.
+
+Every public op takes ``implementation="auto" | "pallas" | "reference"`` and ``interpret=`` (run the
+Pallas kernel on CPU). ``"auto"`` is Pallas on a GPU and the reference elsewhere; an explicit
+``"pallas"`` never falls back silently. Backend-specific imports live in ``_backend.py`` alone.
+"""
+
+from jaxspec.kernels.cache_locs import assign_draft_cache_locs as assign_draft_cache_locs
+from jaxspec.kernels.cache_locs import assign_extend_cache_locs as assign_extend_cache_locs
+from jaxspec.kernels.cache_locs import assign_extend_cache_locs_uniform as assign_extend_cache_locs_uniform
+from jaxspec.kernels.cache_locs import fill_accept_out_cache_loc as fill_accept_out_cache_loc
+from jaxspec.kernels.cache_locs import fill_front_out_cache_loc as fill_front_out_cache_loc
+from jaxspec.kernels.kv_move import KVBuffers as KVBuffers
+from jaxspec.kernels.kv_move import MoveConfig as MoveConfig
+from jaxspec.kernels.kv_move import compact_accept_to_front as compact_accept_to_front
+from jaxspec.kernels.kv_move import dynamic_validate_move as dynamic_validate_move
+from jaxspec.kernels.kv_move import move_accept_tokens_to_target_kvcache as move_accept_tokens_to_target_kvcache
+from jaxspec.kernels.kv_move import move_kv_cache as move_kv_cache
+from jaxspec.kernels.multi_layer_eagle import assign_hidden_states_pool as assign_hidden_states_pool
+from jaxspec.kernels.multi_layer_eagle import rotate_input_ids as rotate_input_ids
+from jaxspec.kernels.paged_cache_locs import PageCapacityWarning as PageCapacityWarning
+from jaxspec.kernels.paged_cache_locs import compute_out_cache_loc as compute_out_cache_loc
+from jaxspec.kernels.paged_cache_locs import compute_out_cache_loc_uniform as compute_out_cache_loc_uniform
+from jaxspec.kernels.paged_cache_locs import fused_decode_input_prep as fused_decode_input_prep
+from jaxspec.kernels.paged_cache_locs import update_block_table as update_block_table
+from jaxspec.kernels.paged_cache_locs import update_req_to_page as update_req_to_page

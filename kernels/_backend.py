@@ -25,6 +25,8 @@ with warnings.catch_warnings():
 load = _pltriton.load
 store = _pltriton.store
 atomic_add = getattr(_pltriton, "atomic_add", None)
+# tl.debug_barrier: orders a program's loads before its stores (rotate_input_ids' in-segment shift).
+debug_barrier = _pltriton.debug_barrier
 
 BACKEND_NAME = "pallas-triton"
 
@@ -64,4 +66,4 @@ def resolve_implementation(implementation: str, interpret: bool) -> str:
     raise ValueError(f"implementation: expected 'auto', 'pallas' or 'reference', got {implementation!r}")
 
 
-__all__ = ["pl", "load", "store", "atomic_add", "compiler_params", "gpu_available", "resolve_implementation"]
+__all__ = ["pl", "load", "store", "atomic_add", "debug_barrier", "compiler_params", "gpu_available", "resolve_implementation"]

@@ -73,7 +73,7 @@ def _barrier(interpret: bool):
     other warps store). Interpret mode runs each op whole, so it needs (and has) no barrier."""
     if interpret:
         return
-    barrier = getattr(_backend, "debug_barrier", None) or _backend._pltriton.debug_barrier
+    barrier = _backend.debug_barrier
     barrier()
 
 
