@@ -13,6 +13,15 @@ Everything here is pure and traced under the caller's ``jax.jit``; shapes are st
   -> draft extend: MTP layers 0..S-1 over the N-token window, rotating the ids by each layer's
      prediction at ``select_index = b*N + accept_lens - 1`` (``rotate_input_ids``)
   -> ``seq_lens += accept_lens`` (active requests only).
+
+MTP layers are chained as in DeepSeek-V3 (layer ``s`` consumes layer ``s-1``'s hidden state; the seed's
+``chain_mtp_hidden_states``). The draft extend is the seed's eager path (fixed N-wide window, one
+``select_index``): rows past ``select_index - s`` of MTP layer ``s`` are fed a drafted (not yet verified)
+token, so the draft KV of the last ``s`` committed positions of layer ``s`` is computed from a guess and
+kept. The seed's CUDA-graph "KV-cache reversion" (window widened by one row per step, hidden rows from
+``req_to_hidden_states_pool`` via ``assign_hidden_states_pool``) re-runs those rows; it is not ported: it
+only affects draft quality, never the output (verify is exact), and the shipped pair still accepts
+3.3-3.9 of 4 tokens per round. Consequently ``assign_hidden_states_pool`` is not used here.
 """
 
 import dataclasses
