@@ -9,7 +9,8 @@ Reports generated tokens/s (wall time of the decode, prefill included, compile e
 Measured on one H200 (jax 0.11.2, page size 16, max_new 128, shipped tiny pair), tokens/s:
 batch 1: plain loop 10.7k, chain loop 11.5k (accept 3.34), tree loop 8.6k (accept 3.43); host-driven
 0.8k / 2.7k / 2.3k. batch 32: plain loop 248k, chain 256k (accept 3.04), tree 190k (3.17); host-driven
-31k / 52k / 59k. The tiny model is launch-bound: a plain round costs ~0.1 ms in the while_loop and a
+31k / 52k / 59k (host-driven figures predate the cached-jit change that removed ~3 ms/call of GraphDef
+hashing on CPU; expect them higher now). The tiny model is launch-bound: a plain round costs ~0.1 ms in the while_loop and a
 speculative round ~0.3-0.4 ms (3 MTP forwards + verify + ops), so speculation pays ~3x per round and the
 on-device loop beats one jitted call per round by ~4-13x.
 """
