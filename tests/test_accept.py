@@ -88,7 +88,7 @@ def test_eagle_sample_greedy_bf16_logits():
 @pytest.mark.parametrize("use_top_k,use_top_p", [(False, False), (True, True)])
 def test_eagle_sample_sampling_composition(use_top_k, use_top_p):
     """Sampling path == softmax(logits/T) -> renorms -> tree_speculative_sampling_target_only (zero draft)."""
-    cfg, batch, vocab = CONFIGS[0]
+    cfg, batch, vocab = SpecConfig(2, 3, 6), 6, 48
     n = cfg.num_draft_tokens
     rng = np.random.default_rng(9)
     cand, ri, nt, ns, logits = random_inputs(rng, cfg, batch, vocab)
@@ -124,7 +124,7 @@ def test_eagle_sample_sampling_composition(use_top_k, use_top_p):
 
 def test_eagle_sample_top_k_one_is_greedy():
     # top_k = 1 makes every row one-hot: sampling then accepts exactly the greedy path.
-    cfg, batch, vocab = CONFIGS[0]
+    cfg, batch, vocab = SpecConfig(2, 3, 6), 6, 48
     rng = np.random.default_rng(21)
     cand, ri, nt, ns, logits = random_inputs(rng, cfg, batch, vocab, follow=0.9)
     coins, final = make_coins(jax.random.PRNGKey(1), batch, cfg.num_draft_tokens)
