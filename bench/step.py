@@ -130,9 +130,18 @@ def _bootstrap_repo_imports() -> None:
         setattr(jaxspec, sub, mod)
 
 
-def _init_backends(device: str) -> None:
+# XLA GPU command buffers (CUDA graphs) for the whole step, while loops included: XLA otherwise launches
+# each of the step's ~60 kernels from the host (tens of us of dispatch at bs 1). Opt-in: --command-buffers.
+COMMAND_BUFFER_FLAGS = "--xla_gpu_enable_command_buffer=FUSION,CUSTOM_CALL,WHILE,CONDITIONAL --xla_gpu_graph_min_graph_size=1"
+
+
+def _init_backends(device: str, command_buffers: bool = False) -> None:
     """Set the environment for ``device`` and import jax / torch / triton."""
     global jax, jnp, torch, triton
+    if command_buffers:
+        if "jax" in sys.modules:
+            raise RuntimeError("--command-buffers must be set before jax is imported")
+        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + COMMAND_BUFFER_FLAGS).strip()
     os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # share the GPU with torch
     os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
     if device == "cpu":
@@ -265,7 +274,6 @@ def make_inputs(S: int, K: int, N: int, bs: int, pool: PoolShape, max_bs: int, s
         kids = {int(cand[b, c]) for c in children[b][node]}
         while int(target[b, node]) in kids:
             target[b, node] = int(rng.integers(0, VOCAB))
-        # an earlier sibling with the same token would be accepted first: recompute what verify will see
     # req_to_token: a random permutation of slots 1..X-1 (slot 0 is the dummy), R = max_bs + 1 rows.
     rows = max_bs + 1
     width = (pool.slots - 1) // rows
@@ -631,6 +639,53 @@ def _perturb(x: dict, token):
     return y
 
 
+class PackedStep:
+    """The step with its ~25 small input arrays packed into one int32 and one float32 buffer and its ~15
+    outputs into one int32 buffer (static slices in and one concatenate out, fused by XLA). jit's
+    per-call dispatch cost grows with the number of argument and result buffers (a few us each), which
+    at small batch is most of the wall time of a ~15-60-kernel step."""
+
+    def __init__(self, step, x_example: dict):
+        leaves, self.in_tree = jax.tree_util.tree_flatten(x_example)
+        self.in_layout = []  # (kind, offset, shape)
+        off = {"i": 0, "f": 0}
+        for leaf in leaves:
+            kind = "f" if jnp.issubdtype(leaf.dtype, jnp.floating) else "i"
+            self.in_layout.append((kind, off[kind], leaf.shape))
+            off[kind] += leaf.size
+        self.out_layout = None  # filled at trace time: [(name, offset, shape, dtype)]
+        self.step = step
+
+        def packed(k_pool, v_pool, ints, floats):
+            leaves = []
+            for kind, o, shape in self.in_layout:
+                buf = floats if kind == "f" else ints
+                leaves.append(jax.lax.slice(buf, (o,), (o + math.prod(shape),)).reshape(shape))
+            k_pool, v_pool, out = step(k_pool, v_pool, jax.tree_util.tree_unflatten(self.in_tree, leaves))
+            layout, parts, o = [], [], 0
+            for name in sorted(out):
+                v = out[name]
+                layout.append((name, o, v.shape, np.dtype(v.dtype)))
+                parts.append(v.reshape(-1).astype(jnp.int32))
+                o += v.size
+            self.out_layout = layout
+            return k_pool, v_pool, jnp.concatenate(parts)
+
+        self.jit = jax.jit(packed, donate_argnums=(0, 1))
+
+    def pack(self, x: dict):
+        leaves = jax.tree_util.tree_leaves(x)
+        ints = [np.asarray(l).reshape(-1) for l, (k, _, _) in zip(leaves, self.in_layout) if k == "i"]
+        floats = [np.asarray(l).reshape(-1) for l, (k, _, _) in zip(leaves, self.in_layout) if k == "f"]
+        return (jnp.asarray(np.concatenate(ints).astype(np.int32)),
+                jnp.asarray(np.concatenate(floats).astype(np.float32) if floats else np.zeros((0,), np.float32)))
+
+    def unpack(self, out) -> dict:
+        flat = np.asarray(out)
+        return {name: flat[o:o + math.prod(shape)].reshape(shape).astype(dtype)
+                for name, o, shape, dtype in self.out_layout}
+
+
 def make_jax_loop(step, steps: int):
     """R steps in one jit: carry (pool, outputs); each step's inputs depend on the previous outputs."""
 
@@ -696,14 +751,21 @@ def _sync():
         torch.cuda.synchronize()
 
 
+WALL_BLOCKS = 4  # wall per call = the best of this many blocks of calls (the host is noisy: +-2x seen)
+
+
 def time_torch_wall(fn, calls: int) -> float:
     fn()
     _sync()
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    _sync()
-    return (time.perf_counter() - t0) / calls * 1e6
+    per = max(1, calls // WALL_BLOCKS)
+    best = math.inf
+    for _ in range(WALL_BLOCKS if calls >= WALL_BLOCKS else 1):
+        t0 = time.perf_counter()
+        for _ in range(per):
+            fn()
+        _sync()
+        best = min(best, (time.perf_counter() - t0) / per)
+    return best * 1e6
 
 
 def time_torch_gpu(fn, rep_ms: int) -> float:
@@ -748,6 +810,11 @@ def cupti_kernel_us(call, iterations: int = 10):
         return None
     if not timings:
         return None
+    per_kernel = {}
+    for name, t in timings:
+        per_kernel[name] = per_kernel.get(name, 0.0) + t * 1e3 / iterations
+    cupti_kernel_us.last_top = sorted(per_kernel.items(), key=lambda kv: -kv[1])[:8]
+    cupti_kernel_us.last_count = len(timings) / iterations
     return sum(t for _, t in timings) / iterations * 1e3  # ms -> us
 
 
@@ -827,11 +894,17 @@ def run_case(name, S, K, N, bs, args, pool: PoolShape, orig: "Original", reps: R
     orig.fill_pool(seed=bs)
     k_pool, v_pool = jax_pool_from_torch(orig.kv)
     step = make_jax_step(S, K, N, interpret=not on_gpu, move=args.move)
-    jstep = jax.jit(step, donate_argnums=(0, 1))
+    if args.pack:
+        ps = PackedStep(step, xi)
+        jstep, xargs = ps.jit, ps.pack(xi)
+    else:
+        ps, jstep, xargs = None, jax.jit(step, donate_argnums=(0, 1)), (xi,)
     t0 = time.perf_counter()
-    compiled = jstep.lower(k_pool, v_pool, xi).compile()
+    compiled = jstep.lower(k_pool, v_pool, *xargs).compile()
     compile_s = time.perf_counter() - t0
-    k_pool, v_pool, out_j = compiled(k_pool, v_pool, xi)
+    k_pool, v_pool, out_j = jstep(k_pool, v_pool, *xargs)  # the jit fast path (same executable, cached)
+    if ps is not None:
+        out_j = ps.unpack(out_j)
     out_t = orig.step(ti, S, K, N)
     _sync()
     if K > 1 and "move_tgt" not in out_j:
@@ -849,18 +922,28 @@ def run_case(name, S, K, N, bs, args, pool: PoolShape, orig: "Original", reps: R
 
     row = dict(config=name, S=S, K=K, N=N, bs=bs, mean_accept_len=float(accept_lens.mean()), checked=True)
     row.update(step_bytes(inp, pool))
+    # rows that really change (tgt != src: not the root self-copy, not the 0 <- 0 padding)
+    eff = int((_np(out_t["move_tgt"]) != _np(out_t["move_src"])).sum()) if K > 1 else 0
+    row["moved_rows_effective"] = eff
+    row["total_bytes_effective"] = row["total_bytes"] - row["kv_bytes"] + 2 * eff * pool.layers * 2 * pool.row_bytes
     if args.check_only:
-        del k_pool, v_pool, out_j
+        del k_pool, v_pool
         return row
 
     # ---- ours: wall per call (Python loop, one block at the end)
-    k_pool, v_pool, out_j = compiled(k_pool, v_pool, xi)
-    jax.block_until_ready(out_j)
-    t0 = time.perf_counter()
-    for _ in range(reps.wall_calls):
-        k_pool, v_pool, out_j = compiled(k_pool, v_pool, xi)
-    jax.block_until_ready((k_pool, v_pool, out_j))
-    row["ours_wall_us"] = (time.perf_counter() - t0) / reps.wall_calls * 1e6
+    # (calls go through jit's C++ dispatch path; calling the AOT ``Compiled`` object flattens pytrees in
+    # Python and costs ~100 us more per call)
+    k_pool, v_pool, out_p = jstep(k_pool, v_pool, *xargs)
+    jax.block_until_ready(out_p)
+    per = max(1, reps.wall_calls // WALL_BLOCKS)
+    best = math.inf
+    for _ in range(WALL_BLOCKS if reps.wall_calls >= WALL_BLOCKS else 1):
+        t0 = time.perf_counter()
+        for _ in range(per):
+            k_pool, v_pool, out_p = jstep(k_pool, v_pool, *xargs)
+        jax.block_until_ready((k_pool, v_pool, out_p))
+        best = min(best, (time.perf_counter() - t0) / per)
+    row["ours_wall_us"] = best * 1e6
 
     # ---- ours: GPU kernel time per call (CUPTI)
     row["ours_gpu_us"] = None
@@ -868,14 +951,19 @@ def run_case(name, S, K, N, bs, args, pool: PoolShape, orig: "Original", reps: R
         box = [k_pool, v_pool]
 
         def call():
-            box[0], box[1], _o = compiled(box[0], box[1], xi)
+            box[0], box[1], _o = jstep(box[0], box[1], *xargs)
 
         row["ours_gpu_us"] = cupti_kernel_us(call)
+        if args.debug and row["ours_gpu_us"] is not None:
+            top = ", ".join(f"{n[:48]} {t:.1f}" for n, t in cupti_kernel_us.last_top)
+            print(f"  [debug] {where}: {cupti_kernel_us.last_count:.0f} kernels/step; top (us): {top}", flush=True)
         k_pool, v_pool = box
         del box
 
     # ---- ours: R steps in one jit
     loop = make_jax_loop(step, reps.loop_steps)
+    _, _, shapes = jax.eval_shape(step, k_pool, v_pool, xi)
+    out_j = {k: jnp.ones(sd.shape, sd.dtype) for k, sd in shapes.items()}  # loop carry seed (accept_lens > 0)
     lc = loop.lower(k_pool, v_pool, xi, out_j).compile()
     if args.debug:
         print(f"  [debug] {where}: pool-sized copy ops in the compiled loop HLO: "
@@ -909,7 +997,7 @@ def run_case(name, S, K, N, bs, args, pool: PoolShape, orig: "Original", reps: R
         row["breakdown_loop_us"] = parts
         print(f"  [breakdown] {where}: in-jit loop us/step by stage: "
               + ", ".join(f"{k} {v:.1f}" for k, v in parts.items()), flush=True)
-    del k_pool, v_pool, out_j
+    del k_pool, v_pool, out_j, out_p
 
     # ---- original: eager wall, eager GPU, CUDA graph GPU
     fn = lambda: orig.step(ti, S, K, N)  # noqa: E731
@@ -927,6 +1015,7 @@ def finish_rows(rows: list, bw: dict) -> None:
     gbps = max(bw.get("jax_gbps", 0.0), bw.get("torch_gbps", 0.0))
     for r in rows:
         r["floor_us"] = r["total_bytes"] / (gbps * 1e9) * 1e6 if gbps else None
+        r["floor_effective_us"] = r["total_bytes_effective"] / (gbps * 1e9) * 1e6 if gbps else None
         ours_gpu = r["ours_gpu_us"] if r["ours_gpu_us"] is not None else r["ours_loop_us"]
         r["ratio_wall_vs_eager"] = r["ours_wall_us"] / r["orig_eager_wall_us"]
         r["ratio_gpu_vs_graph"] = ours_gpu / r["orig_graph_gpu_us"] if r["orig_graph_gpu_us"] else None
@@ -940,22 +1029,38 @@ def _f(v, nd=1):
     return f"{v:.{nd}f}"
 
 
+COLUMNS = (  # (header, row key, decimals)
+    ("bs", "bs", None),
+    ("ours wall", "ours_wall_us", 1),
+    ("ours GPU", "ours_gpu_us", 1),
+    ("ours loop", "ours_loop_us", 1),
+    ("orig eager wall", "orig_eager_wall_us", 1),
+    ("orig eager GPU", "orig_eager_gpu_us", 1),
+    ("orig graph GPU", "orig_graph_gpu_us", 1),
+    ("wall/eager", "ratio_wall_vs_eager", 3),
+    ("GPU/graph", "ratio_gpu_vs_graph", 3),
+    ("loop/graph", "ratio_loop_vs_graph", 3),
+    ("floor", "floor_us", 2),
+    ("GPU/floor", "ratio_vs_floor", 2),
+    ("floor eff", "floor_effective_us", 2),
+    ("acc len", "mean_accept_len", 2),
+)
+
+
 def print_table(rows: list, bw: dict) -> None:
-    print(f"\ndevice-to-device copy bandwidth (read+write): jnp {bw['jax_gbps']:.0f} GB/s, torch {bw['torch_gbps']:.0f} GB/s")
-    hdr = ("bs", "ours wall", "ours GPU", "ours loop", "orig eager wall", "orig eager GPU", "orig graph GPU",
-           "wall/eager", "GPU/graph", "loop/graph", "floor", "GPU/floor", "acc")
+    print(f"\ndevice-to-device copy bandwidth (read+write): jnp {bw['jax_gbps']:.0f} GB/s, "
+          f"torch {bw['torch_gbps']:.0f} GB/s (floor uses the larger)")
+    widths = [max(8, len(h)) for h, _, _ in COLUMNS]
     for cfg in dict.fromkeys(r["config"] for r in rows):
         sub = [r for r in rows if r["config"] == cfg]
         r0 = sub[0]
-        print(f"\n{cfg}: S={r0['S']} K={r0['K']} N={r0['N']}   (us per step; GPU = kernel time (CUPTI) for ours, "
-              f"do_bench for the original; loop = R steps in one jit / R)")
-        print(" ".join(f"{h:>15}" if i in (4, 5, 6) else f"{h:>10}" for i, h in enumerate(hdr)))
+        print(f"\n{cfg}: S={r0['S']} K={r0['K']} N={r0['N']}  -- us per step. ours GPU = kernel time per call "
+              f"(CUPTI); ours loop = R steps in one jit / R; orig GPU = do_bench (eager) / do_bench of the graph "
+              f"replay; floor = bytes (move over bs*(S+1) pairs) / copy BW; floor eff = only rows with tgt != src")
+        print("  ".join(h.rjust(w) for (h, _, _), w in zip(COLUMNS, widths)))
         for r in sub:
-            vals = [str(r["bs"]), _f(r["ours_wall_us"]), _f(r["ours_gpu_us"]), _f(r["ours_loop_us"]),
-                    _f(r["orig_eager_wall_us"]), _f(r["orig_eager_gpu_us"]), _f(r["orig_graph_gpu_us"]),
-                    _f(r["ratio_wall_vs_eager"], 3), _f(r["ratio_gpu_vs_graph"], 3), _f(r["ratio_loop_vs_graph"], 3),
-                    _f(r["floor_us"], 2), _f(r["ratio_vs_floor"], 2), _f(r["mean_accept_len"], 2)]
-            print(" ".join(f"{v:>15}" if i in (4, 5, 6) else f"{v:>10}" for i, v in enumerate(vals)))
+            cells = [str(r[k]) if nd is None else _f(r.get(k), nd) for _, k, nd in COLUMNS]
+            print("  ".join(c.rjust(w) for c, w in zip(cells, widths)))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -964,11 +1069,12 @@ def print_table(rows: list, bw: dict) -> None:
 
 def run(device: str = "cuda", batch_sizes=(1, 16, 64, 256), configs=("tree", "chain"), quick: bool = False,
         debug: bool = False, pool: PoolShape | None = None, move: str = "accept", check_only: bool = False,
-        breakdown: bool = False) -> dict:
+        breakdown: bool = False, command_buffers: bool = False, pack: bool = True) -> dict:
     """Run the benchmark; returns the JSON-able result. ``check_only``: the correctness path only (every
     (config, batch size) compiled once and compared exactly, nothing timed). On CPU timings are tokens."""
-    _init_backends(device)
-    args = argparse.Namespace(device=device, debug=debug, move=move, check_only=check_only, breakdown=breakdown)
+    _init_backends(device, command_buffers=command_buffers)
+    args = argparse.Namespace(device=device, debug=debug, move=move, check_only=check_only, breakdown=breakdown,
+                              pack=pack)
     pool = pool or (GPU_POOL if device == "cuda" else CPU_POOL)
     reps = CPU_REPS if device == "cpu" else (QUICK_REPS if quick else FULL_REPS)
     dev = torch.device("cuda" if device == "cuda" else "cpu")
@@ -987,7 +1093,7 @@ def run(device: str = "cuda", batch_sizes=(1, 16, 64, 256), configs=("tree", "ch
     print_table(rows, bw)
     total = time.perf_counter() - t_start
     print(f"\ntotal {total:.1f}s")
-    meta = dict(device=device, move=move, pool=dataclasses.asdict(pool), reps=dataclasses.asdict(reps),
+    meta = dict(device=device, move=move, packed=pack, command_buffers=command_buffers, xla_flags=os.environ.get("XLA_FLAGS", ""), pool=dataclasses.asdict(pool), reps=dataclasses.asdict(reps),
                 jax=jax.__version__, torch=torch.__version__, triton=triton.__version__,
                 gpu=torch.cuda.get_device_name() if device == "cuda" else None, total_s=total)
     return dict(meta=meta, bandwidth=bw, rows=rows)
@@ -1002,6 +1108,10 @@ def main(argv=None) -> int:
     p.add_argument("--png", default=None)
     p.add_argument("--quick", action="store_true", help="fewer repetitions")
     p.add_argument("--check-only", action="store_true", help="correctness only (compare every output), no timing")
+    p.add_argument("--no-pack", action="store_true",
+                   help="pass the step's ~25 inputs / ~15 outputs as separate arrays (default: packed buffers)")
+    p.add_argument("--command-buffers", action="store_true",
+                   help="run the jaxspec step as XLA command buffers (CUDA graphs), while loops included")
     p.add_argument("--breakdown", action="store_true", help="also time step prefixes (tree, +verify, +move) in-jit")
     p.add_argument("--debug", action="store_true", help="print pool-sized copy counts of the compiled HLO")
     p.add_argument("--move", choices=("accept", "pairs"), default="accept",
@@ -1014,7 +1124,8 @@ def main(argv=None) -> int:
         if c not in CONFIGS:
             p.error(f"--configs: unknown config {c!r} (choose from {', '.join(CONFIGS)})")
     res = run(a.device, batch_sizes, configs, quick=a.quick, debug=a.debug, move=a.move, check_only=a.check_only,
-              breakdown=a.breakdown)
+              breakdown=a.breakdown, command_buffers=a.command_buffers,
+              pack=not a.no_pack)
     if a.json:
         pathlib.Path(a.json).write_text(json.dumps(res, indent=1))
         print(f"wrote {a.json}")
