@@ -238,19 +238,7 @@ def _accept_pallas(accept_index, out_cache_loc, *, interpret):
 # ----------------------------------------------------------------------------------------------------
 
 
-def _index(name, x, shape):
-    """``index_array`` for traced inputs too: ``_validate.index_array`` evaluates ``np.asarray(x)`` eagerly
-    (its ``getattr`` default), which fails on tracers; int32 tracers are shape-checked here instead."""
-    dtype = getattr(x, "dtype", None)
-    if isinstance(x, jax.core.Tracer) and dtype is not None:
-        if not jnp.issubdtype(dtype, jnp.integer):
-            raise ValueError(f"{name}: expected an integer dtype (int32, or int64 within int32 range), got {dtype}")
-        check_shape(name, x, shape)
-        if dtype != jnp.int32:
-            check(jnp.all((x >= -(2**31)) & (x < 2**31)), f"{name}: {dtype} value does not fit in int32")
-            return x.astype(jnp.int32)
-        return x
-    return index_array(name, x, shape)
+_index = index_array  # tracer-safe; no host read for int32 arrays
 
 
 def _host_narrowed(jitted, names):

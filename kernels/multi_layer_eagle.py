@@ -37,35 +37,10 @@ def _cdiv(a, b):
     return (a + b - 1) // b
 
 
-def _index(name, x, shape=None, *, allow_none=False):
-    """``_validate.index_array`` without its eager ``np.asarray(x)`` (the ``getattr`` default): that fails on
-    tracers and copies every device array to the host. int32 device arrays pass untouched; traced wide
-    integers are narrowed behind a checked-mode range check, like index_array does for them."""
-    if isinstance(x, jax.Array) and x.dtype == jnp.int32:  # device arrays and tracers: no host round trip
-        if shape is not None:
-            _validate.check_shape(name, x, shape)
-        return x
-    if isinstance(x, jax.core.Tracer):
-        if not jnp.issubdtype(x.dtype, jnp.integer):
-            raise ValueError(f"{name}: expected an integer dtype (int32, or int64 within int32 range), got {x.dtype}")
-        if shape is not None:
-            _validate.check_shape(name, x, shape)
-        if x.dtype == jnp.int32:
-            return x
-        _validate.check(jnp.all((x >= _validate.INT32_MIN) & (x <= _validate.INT32_MAX)),
-                        f"{name}: {x.dtype} value does not fit in int32")
-        return x.astype(jnp.int32)
-    return _validate.index_array(name, x, shape, allow_none=allow_none)
+_index = _validate.index_array  # tracer-safe, no host read for int32 arrays
 
 
-def _float(name, x, shape, dtypes):
-    """``_validate.float_array`` that also accepts tracers (see ``_index``)."""
-    if isinstance(x, jax.Array):  # device arrays and tracers: no host round trip
-        if x.dtype not in [jnp.dtype(d) for d in dtypes]:
-            raise ValueError(f"{name}: expected dtype {' or '.join(jnp.dtype(d).name for d in dtypes)}, got {x.dtype}")
-        _validate.check_shape(name, x, shape)
-        return x
-    return _validate.float_array(name, x, shape, dtypes)
+_float = _validate.float_array
 
 
 def _barrier(interpret: bool):

@@ -88,33 +88,10 @@ class DraftResults(NamedTuple):
 # be called inside a caller's ``jit``, and delegate everything concrete to ``_validate``.
 
 
-def index_array(name, x, shape=None):
-    """``_validate.index_array`` that also accepts tracers (same checks and messages)."""
-    if isinstance(x, jax.core.Tracer):
-        if not jnp.issubdtype(x.dtype, jnp.integer):
-            raise ValueError(f"{name}: expected an integer dtype (int32, or int64 within int32 range), got {x.dtype}")
-        if shape is not None:
-            check_shape(name, x, shape)
-        if x.dtype == jnp.int32:
-            return x
-        _validate.check(
-            jnp.all((x >= _validate.INT32_MIN) & (x <= _validate.INT32_MAX)),
-            f"{name}: {x.dtype} value does not fit in int32",
-        )
-        return x.astype(jnp.int32)
-    return _validate.index_array(name, x, shape)
+index_array = _validate.index_array
 
 
-def float_array(name, x, shape=None, dtypes=(np.float32,)):
-    """``_validate.float_array`` that also accepts tracers."""
-    if isinstance(x, jax.core.Tracer):
-        if np.dtype(x.dtype) not in [np.dtype(d) for d in dtypes]:
-            names = " or ".join(np.dtype(d).name for d in dtypes)
-            raise ValueError(f"{name}: expected dtype {names}, got {x.dtype}")
-        if shape is not None:
-            check_shape(name, x, shape)
-        return x
-    return _validate.float_array(name, x, shape, dtypes)
+float_array = _validate.float_array
 
 
 # --------------------------------------------------------------------------------------------

@@ -88,34 +88,11 @@ class _Siblings(NamedTuple):
     steps: Int32[Array, ""]
 
 
-def _ints(name: str, x, shape=None):
-    """``index_array`` that also accepts JAX arrays and tracers without a device-to-host read.
-
-    (``_validate.index_array`` evaluates ``np.asarray(x)`` eagerly, which fails on tracers and would be a
-    hidden sync on device arrays; JAX arrays are validated here from their static dtype/shape.)
-    """
-    if not isinstance(x, jax.Array):
-        return index_array(name, x, shape)
-    if not jnp.issubdtype(x.dtype, jnp.integer) or x.dtype == jnp.bool_:
-        raise ValueError(f"{name}: expected an integer dtype (int32, or int64 within int32 range), got {x.dtype}")
-    if shape is not None:
-        check_shape(name, x, shape)
-    if x.dtype == jnp.int32:
-        return x
-    check(jnp.all((x >= INT32_MIN) & (x <= INT32_MAX)), f"{name}: {x.dtype} value does not fit in int32")
-    return x.astype(jnp.int32)
+_ints = index_array  # tracer-safe; no host read for int32 arrays
 
 
 def _floats(name: str, x, shape=None, dtypes=_FLOAT_DTYPES):
-    """``float_array`` that also accepts JAX arrays and tracers (validated from static dtype/shape)."""
-    if not isinstance(x, jax.Array):
-        return float_array(name, x, shape, dtypes)
-    if x.dtype not in [np.dtype(d) for d in dtypes]:
-        names = " or ".join(np.dtype(d).name for d in dtypes)
-        raise ValueError(f"{name}: expected dtype {names}, got {x.dtype}")
-    if shape is not None:
-        check_shape(name, x, shape)
-    return x
+    return float_array(name, x, shape, dtypes)
 
 
 def _row_take(x, idx):
