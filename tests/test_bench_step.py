@@ -38,7 +38,9 @@ def step():
         originals.require(*originals.SGLANG, "sglang/srt/utils/common.py")
     except originals.OriginalsMissing as e:
         pytest.skip(f"original kernels not fetched: {e}")
-    return _load("step")
+    mod = _load("step")
+    mod._init_backends("cpu")  # conftest already pinned JAX to CPU and TRITON_INTERPRET=1
+    return mod
 
 
 @pytest.mark.interop
@@ -76,3 +78,29 @@ def test_plot_synthetic(tmp_path):
     out = tmp_path / "step.png"
     plot_step.plot({"meta": {"device": "cpu"}, "rows": rows}, str(out))
     assert out.stat().st_size > 1000
+
+
+@pytest.mark.interop
+def test_packed_step_roundtrip(step):
+    """PackedStep (the GPU default: one int32 + one float32 input buffer, one int32 output buffer)
+    returns exactly what the unpacked step returns."""
+    import jax.numpy as jnp
+    import numpy as np
+
+    def toy(k, v, x):
+        out = {"a": x["ints"][0] * 2 + x["ints"][1].sum(), "m": x["ints"][1] > 3,
+               "s": (x["floats"][0] > 0.5).astype(jnp.int32)}
+        return k + 1, v, out
+
+    x = {"ints": [jnp.arange(3, dtype=jnp.int32), jnp.arange(6, dtype=jnp.int32).reshape(2, 3)],
+         "floats": [jnp.linspace(0, 1, 4, dtype=jnp.float32)]}
+    k, v = jnp.zeros((2, 3), jnp.bfloat16), jnp.ones((2, 3), jnp.bfloat16)
+    _, _, want = toy(k, v, x)
+    ps = step.PackedStep(toy, x)
+    k2, _, packed = ps.jit(k, v, *ps.pack(x))
+    got = ps.unpack(packed)
+    assert sorted(got) == sorted(want)
+    for name in want:
+        np.testing.assert_array_equal(got[name], np.asarray(want[name]))
+        assert got[name].dtype == np.asarray(want[name]).dtype
+    np.testing.assert_array_equal(np.asarray(k2, np.float32), 1.0)
