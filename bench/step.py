@@ -662,14 +662,17 @@ class PackedStep:
                 buf = floats if kind == "f" else ints
                 leaves.append(jax.lax.slice(buf, (o,), (o + math.prod(shape),)).reshape(shape))
             k_pool, v_pool, out = step(k_pool, v_pool, jax.tree_util.tree_unflatten(self.in_tree, leaves))
-            layout, parts, o = [], [], 0
+            layout, o = [], 0
             for name in sorted(out):
-                v = out[name]
-                layout.append((name, o, v.shape, np.dtype(v.dtype)))
-                parts.append(v.reshape(-1).astype(jnp.int32))
-                o += v.size
+                layout.append((name, o, out[name].shape, np.dtype(out[name].dtype)))
+                o += out[name].size
             self.out_layout = layout
-            return k_pool, v_pool, jnp.concatenate(parts)
+            # dynamic_update_slice into one buffer (in place), not one concatenate: XLA's CPU compiler took
+            # minutes on the concatenate of the tree step's outputs (seen with jax 0.10.2)
+            buf = jnp.zeros((o,), jnp.int32)
+            for name, off, _, _ in layout:
+                buf = jax.lax.dynamic_update_slice(buf, out[name].reshape(-1).astype(jnp.int32), (off,))
+            return k_pool, v_pool, buf
 
         self.jit = jax.jit(packed, donate_argnums=(0, 1))
 
@@ -1073,8 +1076,8 @@ def run(device: str = "cuda", batch_sizes=(1, 16, 64, 256), configs=("tree", "ch
     """Run the benchmark; returns the JSON-able result. ``check_only``: the correctness path only (every
     (config, batch size) compiled once and compared exactly, nothing timed). On CPU timings are tokens."""
     _init_backends(device, command_buffers=command_buffers)
-    if pack is None:  # CPU: XLA's CPU compiler takes minutes on the packed step with interpret-mode kernels
-        pack = device == "cuda"
+    if pack is None:  # CPU: XLA's CPU compile of the packed tree step with interpret-mode kernels takes
+        pack = device == "cuda"  # minutes (reference kernels: seconds); GPU kernels are opaque custom calls
     args = argparse.Namespace(device=device, debug=debug, move=move, check_only=check_only, breakdown=breakdown,
                               pack=pack)
     pool = pool or (GPU_POOL if device == "cuda" else CPU_POOL)
