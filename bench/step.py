@@ -640,10 +640,11 @@ def _perturb(x: dict, token):
 
 
 class PackedStep:
-    """The step with its ~25 small input arrays packed into one int32 and one float32 buffer and its ~15
-    outputs into one int32 buffer (static slices in and one concatenate out, fused by XLA). jit's
-    per-call dispatch cost grows with the number of argument and result buffers (a few us each), which
-    at small batch is most of the wall time of a ~15-60-kernel step."""
+    """The step with its ~25 small input arrays packed into one int32 and one float32 buffer (static slices
+    inside the jit, free for XLA). jit's per-call dispatch cost grows with the number of argument buffers
+    (a few us each), which at small batch is much of the wall time of a ~15-60-kernel step. Outputs stay a
+    dict: packing them too (concatenate, or dynamic_update_slice into one buffer) made XLA's CPU compile of
+    the tree step take minutes (jax 0.10.2), a risk not worth taking untested on the GPU compiler."""
 
     def __init__(self, step, x_example: dict):
         leaves, self.in_tree = jax.tree_util.tree_flatten(x_example)
@@ -653,7 +654,6 @@ class PackedStep:
             kind = "f" if jnp.issubdtype(leaf.dtype, jnp.floating) else "i"
             self.in_layout.append((kind, off[kind], leaf.shape))
             off[kind] += leaf.size
-        self.out_layout = None  # filled at trace time: [(name, offset, shape, dtype)]
         self.step = step
 
         def packed(k_pool, v_pool, ints, floats):
@@ -661,18 +661,7 @@ class PackedStep:
             for kind, o, shape in self.in_layout:
                 buf = floats if kind == "f" else ints
                 leaves.append(jax.lax.slice(buf, (o,), (o + math.prod(shape),)).reshape(shape))
-            k_pool, v_pool, out = step(k_pool, v_pool, jax.tree_util.tree_unflatten(self.in_tree, leaves))
-            layout, o = [], 0
-            for name in sorted(out):
-                layout.append((name, o, out[name].shape, np.dtype(out[name].dtype)))
-                o += out[name].size
-            self.out_layout = layout
-            # dynamic_update_slice into one buffer (in place), not one concatenate: XLA's CPU compiler took
-            # minutes on the concatenate of the tree step's outputs (seen with jax 0.10.2)
-            buf = jnp.zeros((o,), jnp.int32)
-            for name, off, _, _ in layout:
-                buf = jax.lax.dynamic_update_slice(buf, out[name].reshape(-1).astype(jnp.int32), (off,))
-            return k_pool, v_pool, buf
+            return step(k_pool, v_pool, jax.tree_util.tree_unflatten(self.in_tree, leaves))
 
         self.jit = jax.jit(packed, donate_argnums=(0, 1))
 
@@ -683,10 +672,9 @@ class PackedStep:
         return (jnp.asarray(np.concatenate(ints).astype(np.int32)),
                 jnp.asarray(np.concatenate(floats).astype(np.float32) if floats else np.zeros((0,), np.float32)))
 
-    def unpack(self, out) -> dict:
-        flat = np.asarray(out)
-        return {name: flat[o:o + math.prod(shape)].reshape(shape).astype(dtype)
-                for name, o, shape, dtype in self.out_layout}
+    @staticmethod
+    def unpack(out) -> dict:
+        return {name: np.asarray(v) for name, v in out.items()}
 
 
 def make_jax_loop(step, steps: int):
@@ -1076,8 +1064,8 @@ def run(device: str = "cuda", batch_sizes=(1, 16, 64, 256), configs=("tree", "ch
     """Run the benchmark; returns the JSON-able result. ``check_only``: the correctness path only (every
     (config, batch size) compiled once and compared exactly, nothing timed). On CPU timings are tokens."""
     _init_backends(device, command_buffers=command_buffers)
-    if pack is None:  # CPU: XLA's CPU compile of the packed tree step with interpret-mode kernels takes
-        pack = device == "cuda"  # minutes (reference kernels: seconds); GPU kernels are opaque custom calls
+    if pack is None:
+        pack = True
     args = argparse.Namespace(device=device, debug=debug, move=move, check_only=check_only, breakdown=breakdown,
                               pack=pack)
     pool = pool or (GPU_POOL if device == "cuda" else CPU_POOL)
@@ -1114,7 +1102,7 @@ def main(argv=None) -> int:
     p.add_argument("--quick", action="store_true", help="fewer repetitions")
     p.add_argument("--check-only", action="store_true", help="correctness only (compare every output), no timing")
     p.add_argument("--no-pack", action="store_true",
-                   help="pass the step's ~25 inputs / ~15 outputs as separate arrays (default on cuda: packed)")
+                   help="pass the step's ~25 inputs as separate arrays (default: two packed buffers)")
     p.add_argument("--command-buffers", action="store_true",
                    help="run the jaxspec step as XLA command buffers (CUDA graphs), while loops included")
     p.add_argument("--breakdown", action="store_true", help="also time step prefixes (tree, +verify, +move) in-jit")

@@ -82,8 +82,8 @@ def test_plot_synthetic(tmp_path):
 
 @pytest.mark.interop
 def test_packed_step_roundtrip(step):
-    """PackedStep (the GPU default: one int32 + one float32 input buffer, one int32 output buffer)
-    returns exactly what the unpacked step returns."""
+    """PackedStep (the default: one int32 + one float32 input buffer) returns exactly what the unpacked
+    step returns."""
     import jax.numpy as jnp
     import numpy as np
 
