@@ -34,8 +34,11 @@ Physical floor: the step's bytes (KV move ``2 * bs*(S+1) * layers * 2 * row_byte
 index arrays) over the device-to-device copy bandwidth measured in the same run (jnp and torch).
 
 CLI: ``python bench/step.py [--device cuda|cpu] [--batch-sizes 1,16,64,256] [--configs tree,chain]
-[--json PATH] [--png PATH] [--quick] [--debug]``. ``--device cpu`` runs tiny pools under the Triton
-interpreter and Pallas interpret mode (the smoke-test path; timings there are meaningless).
+[--json PATH] [--png PATH] [--quick] [--debug] [--check-only] [--breakdown] [--move accept|pairs]
+[--no-pack] [--command-buffers]``. ``--device cpu`` runs tiny pools under the Triton interpreter and
+Pallas interpret mode (the smoke-test path; timings there are meaningless). ``--debug`` prints the number
+of pool-sized copy ops and while loops in the compiled HLO and the top kernels (CUPTI).
+The step's inputs go in as two packed buffers (``PackedStep``; ``--no-pack`` passes the ~25 arrays).
 """
 
 import argparse
