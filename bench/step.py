@@ -488,51 +488,6 @@ def jax_inputs(inp: StepInputs) -> dict:
     )
 
 
-def _patch_validate_for_tracers() -> None:
-    """WORKAROUND (remove once jaxspec/_validate.py is fixed): ``index_array`` / ``float_array`` evaluate
-    ``np.asarray(x)`` eagerly (the default of ``getattr(x, "dtype", ...)``), which raises on tracers, so the
-    public ops cannot be called inside an outer ``jit``. Rebind tracer-safe wrappers in the jaxspec modules
-    that imported them (same checks; concrete inputs still go to the originals)."""
-    import jaxspec._validate as v
-
-    if getattr(v, "_bench_step_patched", False):
-        return
-    try:
-        jax.jit(lambda a: v.index_array("probe", a))(jnp.zeros((1,), jnp.int32))
-        return  # fixed upstream: nothing to do
-    except Exception:  # noqa: BLE001
-        pass
-    orig_index, orig_float = v.index_array, v.float_array
-
-    def index_array(name, x, shape=None, *, allow_none=False):
-        if isinstance(x, jax.core.Tracer):
-            if not jnp.issubdtype(x.dtype, jnp.integer):
-                raise ValueError(f"{name}: expected an integer dtype, got {x.dtype}")
-            if shape is not None:
-                v.check_shape(name, x, shape)
-            return x if x.dtype == jnp.int32 else x.astype(jnp.int32)
-        return orig_index(name, x, shape, allow_none=allow_none)
-
-    def float_array(name, x, shape=None, dtypes=(np.float32,)):
-        if isinstance(x, jax.core.Tracer):
-            if np.dtype(x.dtype) not in [np.dtype(d) for d in dtypes]:
-                raise ValueError(f"{name}: expected dtype {dtypes}, got {x.dtype}")
-            if shape is not None:
-                v.check_shape(name, x, shape)
-            return x
-        return orig_float(name, x, shape, dtypes)
-
-    for mod in list(sys.modules.values()):
-        if getattr(mod, "__name__", "").startswith("jaxspec"):
-            if getattr(mod, "index_array", None) is orig_index:
-                mod.index_array = index_array
-            if getattr(mod, "float_array", None) is orig_float:
-                mod.float_array = float_array
-    v._bench_step_patched = True
-    print("  NOTE: jaxspec._validate.index_array/float_array fail on tracers; bench/step.py patched them "
-          "in-process (see _patch_validate_for_tracers)", file=sys.stderr)
-
-
 STAGES = ("tree", "verify", "move", "locs")  # prefixes of the step, for --breakdown
 
 
@@ -546,7 +501,6 @@ def make_jax_step(S: int, K: int, N: int, interpret: bool, move: str = "accept",
     from jaxspec.kernels import kv_move as kkv
     from jaxspec.spec import accept, draft, tree, verify
 
-    _patch_validate_for_tracers()
     cfg = SpecConfig(num_steps=S, topk=K, num_draft_tokens=N)
     kern = dict(interpret=True) if interpret else {}
     # build_tree's nodes have at most K children: verify can then scan siblings in K unrolled steps

@@ -156,7 +156,9 @@ def _ancestors(parent, *, num_steps):
         return jnp.where(alive, nxt, cur), alive, visible, depth
 
     carry = (cur0, alive0, visible0, jnp.zeros((b, n), jnp.int32))
-    _, _, visible, depth = jax.lax.fori_loop(0, num_steps, jump, carry)
+    # Unrolled: S is small and static, and an XLA:GPU while loop pays a device->host predicate read per
+    # trip (~10 us on the H200), which dominated the tree step in bench/step.py.
+    _, _, visible, depth = jax.lax.fori_loop(0, num_steps, jump, carry, unroll=True)
     return visible, depth
 
 
