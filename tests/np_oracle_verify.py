@@ -19,13 +19,7 @@ F32 = np.float32
 # ----------------------------------------------------------------------------------------------------
 
 
-def organize(score_list, token_list, parents_list, n):
-    """Appendix A ``organize``: top-(n-1) candidates (stable ties), sorted; parent list without the last step."""
-    s = np.concatenate([x.reshape(x.shape[0], -1) for x in score_list], 1)
-    t = np.concatenate(token_list, 1)
-    sel = np.sort(np.argsort(-s, axis=1, kind="stable")[:, : n - 1], axis=1)
-    pl = np.concatenate(parents_list[:-1], 1) if len(parents_list) > 1 else np.zeros((s.shape[0], 0), np.int64)
-    return pl, sel, np.take_along_axis(t, sel, 1)
+from np_oracle_tree import organize  # noqa: E402  (one Appendix-A organize for both oracles)
 
 
 def build_links(pl, sel, topk, n):
