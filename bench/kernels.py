@@ -33,6 +33,7 @@ import jax.numpy as jnp  # noqa: E402
 import _timing  # noqa: E402
 from jaxspec.kernels import cache_locs as C  # noqa: E402
 from jaxspec.kernels import kv_move as M  # noqa: E402
+from jaxspec.testing import random_accept_index
 
 COLUMNS = ["kernel", "case", "bs", "locs", "check", "pallas_gpu_us", "ref_gpu_us", "speedup",
            "pallas_wall_us", "ref_wall_us", "GB/s", "%copy", "config"]
@@ -86,13 +87,6 @@ def _cache_loc_inputs(rng, bs, n, width=4096):
     return rpi, r2t, seq
 
 
-def _random_accept(rng, bs, a, n):
-    lens = rng.integers(1, a + 1, bs)
-    ai = -np.ones((bs, a), np.int32)
-    for b in range(bs):
-        nodes = np.sort(rng.choice(np.arange(1, n), lens[b] - 1, replace=False)) if lens[b] > 1 else []
-        ai[b, : lens[b]] = b * n + np.concatenate([[0], nodes]).astype(np.int32)
-    return ai, lens.astype(np.int32)
 
 
 def cache_loc_rows(ctx: BenchContext, batch_sizes, s=5, k=4, n=8):
@@ -101,7 +95,7 @@ def cache_loc_rows(ctx: BenchContext, batch_sizes, s=5, k=4, n=8):
     a = s + 1
     for bs in batch_sizes:
         rpi, r2t, seq = _cache_loc_inputs(rng, bs, n, width=512 if ctx.small else 4096)
-        ai, lens = _random_accept(rng, bs, a, n)
+        ai, lens = random_accept_index(rng, bs, a, n)
         ocl = (1 + rng.permutation(bs * n * 4)[: bs * n]).astype(np.int32)
         ops = {
             "assign_extend_cache_locs": (
@@ -153,7 +147,7 @@ def _pool(shape, dtype=jnp.bfloat16, offset=0):
 def _move_patterns(rng, bs, s, n, num_slots):
     """(name, accept inputs or None, tgt, src): the spec-accept move and a hazard-free random move."""
     a = s + 1
-    ai, lens = _random_accept(rng, bs, a, n)
+    ai, lens = random_accept_index(rng, bs, a, n)
     ocl = (1 + rng.permutation(num_slots - 1)[: bs * n]).astype(np.int32)
     perm = 1 + rng.permutation(num_slots - 1)
     m = bs * a

@@ -12,6 +12,7 @@ from jax.experimental import checkify
 
 from jaxspec._validate import checks
 from jaxspec.kernels import cache_locs as C
+from jaxspec.testing import random_accept_index
 
 SEED = np.random.SeedSequence().entropy  # fresh seed per run; printed on failure via the assert message
 
@@ -52,14 +53,6 @@ def random_extend_case(rng, bs, rows, width):
     return rpi, r2t, start, end
 
 
-def random_accept(rng, bs, a, n):
-    """Legal accept_index: row b has lens[b] valid global node ids (root first, increasing), rest -1."""
-    lens = rng.integers(1, a + 1, bs)
-    ai = -np.ones((bs, a), np.int32)
-    for b in range(bs):
-        nodes = np.sort(rng.choice(np.arange(1, n), lens[b] - 1, replace=False)) if lens[b] > 1 else []
-        ai[b, : lens[b]] = b * n + np.concatenate([[0], nodes]).astype(np.int32)
-    return ai, lens.astype(np.int32)
 
 
 class _CacheLocsCases:
@@ -146,7 +139,7 @@ class _CacheLocsCases:
     @pytest.mark.parametrize("bs,a,n", [(1, 2, 2), (300, 8, 10)])
     def test_accept_random(self, bs, a, n):
         rng = np.random.default_rng([SEED, bs, a])
-        ai, lens = random_accept(rng, bs, a, n)
+        ai, lens = random_accept_index(rng, bs, a, n)
         ai[rng.random(ai.shape) < 0.1] = -1  # holes too: compaction does not care about row structure
         ocl = rng.permutation(bs * n * 3)[: bs * n].astype(np.int32) + 1
         out = self.run(C.fill_accept_out_cache_loc, ai, ocl)

@@ -13,6 +13,7 @@ from jax.experimental import checkify
 
 from jaxspec._validate import checks
 from jaxspec.kernels import kv_move as M
+from jaxspec.testing import random_accept_index
 
 SEED = np.random.SeedSequence().entropy
 BF16_FINITE = 0x7F00  # uint16 patterns below 0x7F80 are finite positive bf16 values
@@ -51,13 +52,6 @@ def random_disjoint_move(rng, num_slots, n):
     return tgt, src
 
 
-def random_accept(rng, bs, a, n):
-    lens = rng.integers(1, a + 1, bs)
-    ai = -np.ones((bs, a), np.int32)
-    for b in range(bs):
-        nodes = np.sort(rng.choice(np.arange(1, n), lens[b] - 1, replace=False)) if lens[b] > 1 else []
-        ai[b, : lens[b]] = b * n + np.concatenate([[0], nodes]).astype(np.int32)
-    return ai, lens.astype(np.int32)
 
 
 class _KVMoveCases:
@@ -112,7 +106,7 @@ class _KVMoveCases:
     @pytest.mark.parametrize("bs,a,n,g", [(9, 6, 8, 1), (5, 4, 16, 16)])
     def test_move_accept(self, bs, a, n, g):
         rng = np.random.default_rng([SEED, bs, a, n])
-        ai, lens = random_accept(rng, bs, a, n)
+        ai, lens = random_accept_index(rng, bs, a, n)
         num_slots = 1 + bs * n + 23
         num_slots = -(-num_slots // g) * g
         # verify window slots: a random permutation of the pool (slot 0 is the dummy slot)
@@ -181,7 +175,7 @@ def test_compact_worked_example_10_2():
 def test_compact_hidden_matches_numpy():
     rng = np.random.default_rng([SEED, 3])
     bs, n, a, h = 4, 8, 6, 5
-    ai, _ = random_accept(rng, bs, a, n)
+    ai, _ = random_accept_index(rng, bs, a, n)
     x = rng.standard_normal((bs * n, h)).astype(np.float32)
     want = x.copy()
     want.reshape(bs, n, h)[:, :a] = x[np.maximum(ai, 0).reshape(-1)].reshape(bs, a, h)
@@ -209,7 +203,7 @@ def test_dynamic_validate_move_errors():
 def test_dynamic_validate_accepts_legal_accept_pattern():
     rng = np.random.default_rng([SEED, 99])
     for bs, a, n in [(1, 4, 4), (128, 6, 16)]:
-        ai, lens = random_accept(rng, bs, a, n)
+        ai, lens = random_accept_index(rng, bs, a, n)
         ocl = (1 + rng.permutation(bs * n * 2)[: bs * n]).astype(np.int32)
         tgt, src = M.move_accept_pairs_reference(jnp.asarray(ai), jnp.asarray(lens), jnp.asarray(ocl))
         M.dynamic_validate_move(tgt, src, bs * n * 2 + 1, config=M.MoveConfig(rows=1))
