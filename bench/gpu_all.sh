@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Everything jaxspec measures and checks on the H200, in one call of the device tool:
 #   run(command="bash bench/gpu_all.sh [parts]", carry=[".originals"])
-# parts (default all): env tests kernels check step decode
+# parts (default all): env tests kernels check step decode. All parts together take ~12 minutes, more
+# than one device call allows (10): run them as two calls, e.g. "env tests kernels check" then "step decode".
 # Writes logs/JSON/PNG under $OUT (or ./out). Keeps going after a failing part; exit 1 if any failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -25,7 +26,7 @@ $PY -m pip install -q --no-index --no-deps --no-build-isolation -e . >/dev/null 
 for p in $PARTS; do case $p in
   env) run env 120 $PY -c "import jax, torch, triton, jaxspec, jaxspec.kernels; print(jax.__version__, jax.devices(), torch.__version__, torch.cuda.get_device_name(), triton.__version__); import subprocess; print(subprocess.run(['nvcc','--version'],capture_output=True,text=True).stdout[-80:])" ;;
   tests) run tests 300 $PY -m pytest -q -x -m gpu -p no:cacheprovider tests ;;
-  kernels) run kernels 240 $PY bench/kernels.py --json "$OUT/kernels.json" ;;
+  kernels) run kernels 300 $PY bench/kernels.py --move-configs 16x1,8x4 --span-modes par --reps 20 --json "$OUT/kernels.json" ;;
   check) run check 240 $PY -m jaxspec.interop.check --device cuda --seed 0 --cases 3 ;;
   step) run step 300 $PY bench/step.py --device cuda --json "$OUT/step.json" --png "$OUT/step.png" ;;
   decode) run decode 240 $PY bench/decode.py --device gpu --json "$OUT/decode.json" ;;
