@@ -3,7 +3,9 @@
 * ``device_time_us(step, state, reps)``: per-op device time. ``step: state -> state`` is run ``reps``
   times inside ONE jitted ``lax.fori_loop`` (state donated, so in-place ops stay in place), timed around
   ``jax.block_until_ready``; the same loop with 1 repetition is subtracted, which removes the launch and
-  sync overhead. Median over ``trials``.
+  sync overhead. Median over ``trials``. ``unroll`` traces ``step`` that many times per loop trip: an
+  XLA:GPU while loop reads its predicate back to the host every trip (~10 us on the H200), which would
+  otherwise swamp 3-5 us kernels.
 * ``wall_time_us(fn, *args)``: wall time per call of a jitted function in a Python loop (host dispatch
   included), blocking only at the end. For donating functions use ``wall_time_us_state``.
 * ``copy_ceiling_gbps(nbytes)``: device-to-device copy bandwidth (bytes read + written) of a plain XLA
@@ -17,16 +19,22 @@ import jax
 import jax.numpy as jnp
 
 
-def _loop(step, reps):
+def _loop(step, reps, unroll):
+    def trip(_, s):
+        for _ in range(unroll):
+            s = step(s)
+        return s
+
     def run(state):
-        return jax.lax.fori_loop(0, reps, lambda i, s: step(s), state)
+        return jax.lax.fori_loop(0, reps, trip, state)
 
     return jax.jit(run, donate_argnums=0)
 
 
-def device_time_us(step, state, *, reps: int = 50, trials: int = 5):
-    """Median per-iteration device time (us) of ``step`` inside one jitted loop; returns (us, state)."""
-    one, many = _loop(step, 1), _loop(step, reps)
+def device_time_us(step, state, *, reps: int = 50, trials: int = 5, unroll: int = 1):
+    """Median device time (us) per ``step`` call inside one jitted loop of ``reps`` trips of ``unroll``
+    calls each; returns (us, state)."""
+    one, many = _loop(step, 1, unroll), _loop(step, reps, unroll)
     state = jax.block_until_ready(one(state))  # compile + warm
     state = jax.block_until_ready(many(state))
     samples = []
@@ -36,7 +44,7 @@ def device_time_us(step, state, *, reps: int = 50, trials: int = 5):
         t1 = time.perf_counter()
         state = jax.block_until_ready(many(state))
         t2 = time.perf_counter()
-        samples.append(((t2 - t1) - (t1 - t0)) / (reps - 1) * 1e6)
+        samples.append(((t2 - t1) - (t1 - t0)) / ((reps - 1) * unroll) * 1e6)
     return max(statistics.median(samples), 0.0), state
 
 

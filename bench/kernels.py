@@ -31,6 +31,8 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
 import _timing  # noqa: E402
+
+UNROLL = 25  # cache-location ops per timing-loop trip (one XLA:GPU loop trip costs ~10 us on the H200)
 from jaxspec.kernels import cache_locs as C  # noqa: E402
 from jaxspec.kernels import kv_move as M  # noqa: E402
 from jaxspec.testing import random_accept_index
@@ -68,8 +70,9 @@ class BenchContext:
             return args, acc + tick
 
         reps = self.reps
-        dev, _ = _timing.device_time_us(step, (tuple(jnp.asarray(a) for a in args), jnp.int32(0)), reps=reps,
-                                        trials=3 if self.small else 5)
+        unroll = 1 if self.small else UNROLL
+        dev, _ = _timing.device_time_us(step, (tuple(jnp.asarray(a) for a in args), jnp.int32(0)),
+                                        reps=max(reps // unroll, 2), trials=3 if self.small else 5, unroll=unroll)
         wall = _timing.wall_time_us(jax.jit(fn), *args, iters=max(reps // 2, 3))
         return dev, wall
 

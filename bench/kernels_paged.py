@@ -12,12 +12,14 @@ mismatch is reported as ``check = "MISMATCH"``), then times both:
 
 ``args`` is ``bench/kernels.py``'s ``BenchContext`` (``interpret``, ``small``, ``reps``) or this script's
 CLI (``device`` "cuda" | "cpu", ``batch_sizes`` "1,16,64,256", ``quick``); anything missing is defaulted.
-Timing helpers are local rather than ``bench/_timing.py``'s: a plain ``fori_loop`` trip cost ~10 us on
-the H200 here (measured: 15 us/op rolled vs 3-5 us/op with 25 ops unrolled per trip), so ops are unrolled. On CPU the kernels run in Pallas interpret mode with small sizes (a smoke
+Device time comes from ``bench/_timing.py`` with ``UNROLL`` ops per loop trip: a plain ``fori_loop`` trip
+cost ~10 us on the H200 (measured: 15 us/op rolled vs 3-5 us/op with 25 ops unrolled per trip). On CPU the kernels run in Pallas interpret mode with small sizes (a smoke
 test: timings there mean nothing). ``python bench/kernels_paged.py [--device cpu]`` runs it alone.
 """
 
 import argparse
+import os
+import sys
 import time
 
 import jax
@@ -26,6 +28,9 @@ import numpy as np
 from jax import lax
 
 from jaxspec.kernels import _backend
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _timing  # noqa: E402  (bench/ is a folder of scripts, not a package)
 from jaxspec.kernels import multi_layer_eagle as mle
 from jaxspec.kernels import paged_cache_locs as pcl
 
@@ -69,29 +74,21 @@ def _first(out):
 
 
 def gpu_time_us(fn, args, reps, *, carry_index=None):
-    """Device time per call: ``reps`` calls inside one jitted ``fori_loop``. ``carry_index`` names the
-    argument the op returns updated (a donated table), which is then carried through the loop."""
+    """Device time per call: ``reps`` calls inside one jitted loop (``_timing.device_time_us``, ``UNROLL``
+    calls per trip; ``args`` are donated). ``carry_index`` names the argument the op returns updated (a
+    donated table), which is then carried through the loop."""
+
+    def step(state):
+        a, acc = lax.optimization_barrier(state)
+        out = fn(*a)
+        if carry_index is not None:
+            a = a[:carry_index] + (out,) + a[carry_index + 1:]
+        return a, acc + _first(out)
 
     unroll = min(UNROLL, reps)
-    trips = max(reps // unroll, 1)
-
-    @jax.jit
-    def loop(args):
-        def body(_, state):
-            for _ in range(unroll):  # XLA:GPU reads a while loop's predicate back each trip: amortise it
-                a, acc = lax.optimization_barrier(state)
-                out = fn(*a)
-                if carry_index is not None:
-                    a = a[:carry_index] + (out,) + a[carry_index + 1:]
-                state = (a, acc + _first(out))
-            return state
-
-        return lax.fori_loop(0, trips, body, (tuple(args), jnp.float32(0)))
-
-    _block(loop(tuple(args)))  # compile + warm up
-    t0 = time.perf_counter()
-    _block(loop(tuple(args)))
-    return (time.perf_counter() - t0) / (trips * unroll) * 1e6
+    us, _ = _timing.device_time_us(step, (tuple(args), jnp.float32(0)), reps=max(reps // unroll, 2), trials=3,
+                                   unroll=unroll)
+    return us
 
 
 def wall_time_us(fn, args, calls, *, carry_index=None):
