@@ -15,3 +15,16 @@ def random_accept_index(rng: np.random.Generator, bs: int, accept_width: int, nu
         nodes = np.sort(rng.choice(np.arange(1, num_draft_tokens), lens[b] - 1, replace=False)) if lens[b] > 1 else []
         ai[b, : lens[b]] = b * num_draft_tokens + np.concatenate([[0], nodes]).astype(np.int32)
     return ai, lens.astype(np.int32)
+
+
+def checked_call(fn, *args, **kwargs):
+    """Run ``fn(*args, **kwargs)`` with jaxspec's in-jit value checks on, under ``checkify``.
+
+    Returns ``(err, out)``; ``err.throw()`` raises the first failed check (``JAXSPEC_CHECKS`` mode).
+    """
+    from jax.experimental import checkify
+
+    from jaxspec import _validate
+
+    with _validate.checks():
+        return checkify.checkify(lambda *a: fn(*a, **kwargs))(*args)

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from jax.experimental import checkify
 
-from jaxspec import _validate
 from jaxspec.kernels import multi_layer_eagle as mle
+from jaxspec.testing import checked_call
 
 INT_MIN = np.iinfo(np.int32).min
 
@@ -193,37 +193,33 @@ def test_trace_time_errors():
                                       np.ones(1, I32), np.zeros(1, I32), implementation="reference")
 
 
-def _checked(fn, *args, **kwargs):
-    with _validate.checks():
-        err, out = checkify.checkify(lambda *a: fn(*a, **kwargs))(*args)
-    return err, out
 
 
 @pytest.mark.parametrize("implementation,interpret", [("reference", False), ("pallas", True)])
 def test_checked_mode_errors(implementation, interpret):
     kw = dict(implementation=implementation, interpret=interpret)
     ids = np.arange(8, dtype=I32)
-    err, _ = _checked(mle.rotate_input_ids, ids, np.array([0, 4], I32), np.array([4, 5], I32),
+    err, _ = checked_call(mle.rotate_input_ids, ids, np.array([0, 4], I32), np.array([4, 5], I32),
                       np.zeros(2, I32), **kw)
     with pytest.raises(checkify.JaxRuntimeError, match=r"segment outside input_ids\[0:8\]"):
         err.throw()
-    err, _ = _checked(mle.rotate_input_ids, ids, np.array([0, 4], I32), np.array([4, 4], I32),
+    err, _ = checked_call(mle.rotate_input_ids, ids, np.array([0, 4], I32), np.array([4, 4], I32),
                       np.zeros(2, I32), np.array([3, 8], I32), **kw)
     with pytest.raises(checkify.JaxRuntimeError, match=r"select_index: out of range \[0, 8\)"):
         err.throw()
     hidden, pool = np.zeros((6, 4), np.float32), np.zeros((3, 2, 4), np.float32)
-    err, _ = _checked(mle.assign_hidden_states_pool, hidden, np.array([3], I32), pool, np.array([3], I32),
+    err, _ = checked_call(mle.assign_hidden_states_pool, hidden, np.array([3], I32), pool, np.array([3], I32),
                       np.array([0], I32), **kw)
     with pytest.raises(checkify.JaxRuntimeError, match=r"req_pool_indices: pool index out of range \[0, 3\)"):
         err.throw()
-    err, _ = _checked(mle.assign_hidden_states_pool, hidden, np.array([1], I32), pool, np.array([1], I32),
+    err, _ = checked_call(mle.assign_hidden_states_pool, hidden, np.array([1], I32), pool, np.array([1], I32),
                       np.array([0], I32), **kw)
     with pytest.raises(checkify.JaxRuntimeError, match="outside hidden_states"):
         err.throw()
 
 
 def test_checked_mode_quiet_on_legal_input():
-    err, out = _checked(mle.rotate_input_ids, np.arange(6, dtype=I32), np.array([0, 3], I32), np.array([3, 3], I32),
+    err, out = checked_call(mle.rotate_input_ids, np.arange(6, dtype=I32), np.array([0, 3], I32), np.array([3, 3], I32),
                         np.array([9, 8], I32), implementation="reference")
     assert err.get() is None
     np.testing.assert_array_equal(out, [1, 2, 9, 4, 5, 8])

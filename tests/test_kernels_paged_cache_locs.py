@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from jax.experimental import checkify
 
-from jaxspec import _validate
 from jaxspec.kernels import paged_cache_locs as pcl
+from jaxspec.testing import checked_call
 
 INT_MIN = np.iinfo(np.int32).min
 
@@ -339,35 +339,31 @@ def test_int64_inputs_within_range_are_accepted():
     np.testing.assert_array_equal(out, [26, 27])
 
 
-def _checked(fn, *args, **kwargs):
-    with _validate.checks():
-        err, out = checkify.checkify(lambda *a: fn(*a, **kwargs))(*args)
-    return err, out
 
 
 @pytest.mark.parametrize("implementation,interpret", [("reference", False), ("pallas", True)])
 def test_checked_mode_errors(implementation, interpret):
     kw = dict(implementation=implementation, interpret=interpret)
-    err, _ = _checked(pcl.compute_out_cache_loc_uniform, np.zeros(2, I32), np.array([0, 3], I32), TABLE,
+    err, _ = checked_call(pcl.compute_out_cache_loc_uniform, np.zeros(2, I32), np.array([0, 3], I32), TABLE,
                       page_size=1, uniform_input_length=2, **kw)
     with pytest.raises(checkify.JaxRuntimeError, match=r"req_pool_indices: pool index out of range \[0, 3\)"):
         err.throw()
-    err, _ = _checked(pcl.compute_out_cache_loc, np.zeros(2, I32), np.array([2, -1], I32), np.zeros(2, I32), TABLE,
+    err, _ = checked_call(pcl.compute_out_cache_loc, np.zeros(2, I32), np.array([2, -1], I32), np.zeros(2, I32), TABLE,
                       page_size=1, out_size=4, **kw)
     with pytest.raises(checkify.JaxRuntimeError, match="input_lengths: negative length"):
         err.throw()
-    err, _ = _checked(pcl.update_req_to_page, TABLE.copy(), np.array([1], I32), np.arange(4, dtype=I32),
+    err, _ = checked_call(pcl.update_req_to_page, TABLE.copy(), np.array([1], I32), np.arange(4, dtype=I32),
                       np.array([3], I32), np.array([2], I32), **kw)
     with pytest.raises(checkify.JaxRuntimeError, match="update_req_to_page: pages past capacity"):
         err.throw()
-    err, _ = _checked(pcl.fused_decode_input_prep, np.array([0, -2, 0], I32), np.array([1], I32), TABLE,
+    err, _ = checked_call(pcl.fused_decode_input_prep, np.array([0, -2, 0], I32), np.array([1], I32), TABLE,
                       page_size=1, uniform_input_length=1, **kw)
     with pytest.raises(checkify.JaxRuntimeError, match="valid_cache_lengths: negative cache length"):
         err.throw()
 
 
 def test_checked_mode_quiet_on_legal_input():
-    err, out = _checked(pcl.compute_out_cache_loc, np.array([6, 0], I32), np.array([2, 3], I32),
+    err, out = checked_call(pcl.compute_out_cache_loc, np.array([6, 0], I32), np.array([2, 3], I32),
                         np.array([1, 1], I32), TABLE, page_size=4, out_size=5, implementation="reference")
     assert err.get() is None
     np.testing.assert_array_equal(out, [4 * 6 + 2, 4 * 6 + 3, 20, 21, 22])
