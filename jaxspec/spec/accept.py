@@ -93,10 +93,6 @@ def _sampling(
     return _to_output(out)
 
 
-def _host_values(x):
-    return np.asarray(x) if isinstance(x, (np.ndarray, np.generic, list, tuple)) else None
-
-
 def eagle_sample(
     logits: Float[Array, "T V"],
     draft_tokens: Int32[Array, "T"] | Int32[Array, "B N"],
@@ -168,15 +164,9 @@ def eagle_sample(
             temperatures = jnp.reshape(temperatures, (b,))
         temperatures = _verify._floats("temperatures", temperatures, (b,), (np.float32,))
         if top_ks is not None:
-            vals = _host_values(top_ks)
-            top_ks = _verify._ints("top_ks", top_ks, (b,))
-            if vals is not None and vals.size and vals.min() < 1:
-                raise ValueError(f"top_ks: expected values >= 1, got {int(vals.min())}")
+            top_ks = _verify._top_k_arg("top_ks", top_ks, b)
         if top_ps is not None:
-            vals = _host_values(top_ps)
-            top_ps = _verify._floats("top_ps", top_ps, (b,), (np.float32,))
-            if vals is not None and vals.size and not ((vals > 0).all() and (vals <= 1).all()):
-                raise ValueError(f"top_ps: expected values in (0, 1], got min={vals.min()} max={vals.max()}")
+            top_ps = _verify._top_p_arg("top_ps", top_ps, b, (np.float32,))
         if uniform_samples is None or uniform_samples_for_final_sampling is None:
             raise ValueError(
                 "uniform_samples / uniform_samples_for_final_sampling: required ((B, N) and (B,) float32 "

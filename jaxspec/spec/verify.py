@@ -440,6 +440,24 @@ def _host_values(x):
     return np.asarray(x) if isinstance(x, (np.ndarray, np.generic, list, tuple, int, float)) else None
 
 
+def _top_k_arg(name: str, top_k, rows: int):
+    """Validate per-row ``top_k`` (int, shape ``(rows,)``, values ``>= 1`` when known on the host)."""
+    vals = _host_values(top_k)
+    top_k = _ints(name, top_k, (rows,))
+    if vals is not None and vals.size and vals.min() < 1:
+        raise ValueError(f"{name}: expected values >= 1, got {int(vals.min())}")
+    return top_k
+
+
+def _top_p_arg(name: str, top_p, rows: int, dtypes=_FLOAT_DTYPES):
+    """Validate per-row ``top_p`` (float, shape ``(rows,)``, values in ``(0, 1]`` when known on the host)."""
+    vals = _host_values(top_p)
+    top_p = _floats(name, top_p, (rows,), dtypes)
+    if vals is not None and vals.size and not ((vals > 0).all() and (vals <= 1).all()):
+        raise ValueError(f"{name}: expected values in (0, 1], got min={vals.min()} max={vals.max()}")
+    return top_p
+
+
 def top_k_renorm_prob(probs: Float[Array, "R V"], top_k: Int32[Array, "R"]) -> Float[Array, "R V"]:
     """Keep each row's top-``k`` probabilities and renormalise (FlashInfer ``top_k_renorm_probs``).
 
@@ -450,11 +468,7 @@ def top_k_renorm_prob(probs: Float[Array, "R V"], top_k: Int32[Array, "R"]) -> F
     FlashInfer multiplies by an approximate reciprocal); the kept set is exact.
     """
     probs = _floats("probs", probs, (None, None), _FLOAT_DTYPES)
-    vals = _host_values(top_k)
-    top_k = _ints("top_k", top_k, (probs.shape[0],))
-    if vals is not None and vals.size and vals.min() < 1:
-        raise ValueError(f"top_k: expected values >= 1, got {int(vals.min())}")
-    return _top_k_renorm(probs, top_k)
+    return _top_k_renorm(probs, _top_k_arg("top_k", top_k, probs.shape[0]))
 
 
 def top_p_renorm_prob(probs: Float[Array, "R V"], top_p: Float[Array, "R"]) -> Float[Array, "R V"]:
@@ -468,8 +482,4 @@ def top_p_renorm_prob(probs: Float[Array, "R V"], top_p: Float[Array, "R"]) -> F
     prefix within rounding distance of ``p`` may resolve differently from FlashInfer's block reduction.
     """
     probs = _floats("probs", probs, (None, None), _FLOAT_DTYPES)
-    vals = _host_values(top_p)
-    top_p = _floats("top_p", top_p, (probs.shape[0],), _FLOAT_DTYPES)
-    if vals is not None and vals.size and not ((vals > 0).all() and (vals <= 1).all()):
-        raise ValueError(f"top_p: expected values in (0, 1], got min={vals.min()} max={vals.max()}")
-    return _top_p_renorm(probs, top_p)
+    return _top_p_renorm(probs, _top_p_arg("top_p", top_p, probs.shape[0]))
