@@ -10,7 +10,7 @@ once up front, as ``select_top_k_tokens`` would), ``seq_lens``, ``req_to_token``
     -> next-step cache locations (new_seq_lens = seq_lens + accept_lens; next verify window
        req_to_token[req, new_seq_lens + 0..N-1]; next draft slots req_to_token[req, new_seq_lens + 0..K*S-1]).
 
-jaxspec side: ONE jitted function per step, KV pool donated (``jaxspec.spec.{draft,tree,verify,accept}``
+jaxspec side: ONE jitted function per step, KV pool donated (``jaxspec.ops.{draft,tree,verify,accept}``
 and ``jaxspec.kernels.{cache_locs,kv_move}``). Timed as wall per call from a Python loop (one
 ``block_until_ready`` at the end), as GPU kernel time per call (CUPTI, when jax's Mosaic GPU profiler
 extension is present) and as R steps inside one jit (``lax.fori_loop``) divided by R.
@@ -499,7 +499,7 @@ def make_jax_step(S: int, K: int, N: int, interpret: bool, move: str = "accept",
     from jaxspec.config import SpecConfig
     from jaxspec.kernels import cache_locs as kcl
     from jaxspec.kernels import kv_move as kkv
-    from jaxspec.spec import accept, draft, tree, verify
+    from jaxspec.ops import accept, draft, tree, verify
 
     cfg = SpecConfig(num_steps=S, topk=K, num_draft_tokens=N)
     kern = dict(interpret=True) if interpret else {}

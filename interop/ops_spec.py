@@ -10,7 +10,7 @@ import torch
 from jaxspec.interop import originals
 from jaxspec.interop.harness import OpDef, _cfg, _register, random_draft, tree_links
 
-# jaxspec.spec.draft.select_top_k_tokens  vs  sglang 0.5.23 spec_utils.select_top_k_tokens (torch)
+# jaxspec.ops.draft.select_top_k_tokens  vs  sglang 0.5.23 spec_utils.select_top_k_tokens (torch)
 
 
 def _gen_select(rng, c):
@@ -48,7 +48,7 @@ def _jax_select(fn, j, impl):
 
 
 _register(OpDef(
-    "select_top_k_tokens", "jaxspec.spec.draft:select_top_k_tokens", "select_top_k_tokens",
+    "select_top_k_tokens", "jaxspec.ops.draft:select_top_k_tokens", "select_top_k_tokens",
     (_cfg(B=3, K=2, H=8, step=0), _cfg(B=3, K=2, H=8, step=1), _cfg(B=2, K=4, H=8, step=2),
      _cfg(B=4, K=1, H=8, step=1)),
     _gen_select, _orig_select, _jax_select,
@@ -56,7 +56,7 @@ _register(OpDef(
 
 
 # ----------------------------------------------------------------------------------------------------
-# jaxspec.spec.tree.build_tree  vs  sglang 0.5.23 spec_tree.sgl_build_tree_kernel_triton (+ CUDA on GPU)
+# jaxspec.ops.tree.build_tree  vs  sglang 0.5.23 spec_tree.sgl_build_tree_kernel_triton (+ CUDA on GPU)
 
 _MAX_SEQ = 20  # seq_lens drawn in [1, _MAX_SEQ]; FULL_MASK buffers sized with B * _MAX_SEQ (one jit shape)
 
@@ -125,7 +125,7 @@ def _orig_tree_cuda(t, device):
 
 
 def _jax_tree(fn, j, impl):
-    from jaxspec.spec.tree import TreeMaskMode
+    from jaxspec.ops.tree import TreeMaskMode
 
     b = j["seq_lens"].shape[0]
     o = fn(j["bonus_tokens"], j["parent_list"], j["top_scores_index"], j["draft_tokens"], j["seq_lens"],
@@ -143,10 +143,10 @@ _TREE_CONFIGS = (
     _cfg(B=3, S=3, K=2, N=6, mode=0), _cfg(B=3, S=3, K=2, N=6, mode=1), _cfg(B=2, S=1, K=4, N=4, mode=0),
     _cfg(B=4, S=4, K=1, N=5, mode=1), _cfg(B=2, S=4, K=4, N=8, mode=0),
 )
-_register(OpDef("build_tree", "jaxspec.spec.tree:build_tree", "build_tree", _TREE_CONFIGS, _gen_tree, _orig_tree,
+_register(OpDef("build_tree", "jaxspec.ops.tree:build_tree", "build_tree", _TREE_CONFIGS, _gen_tree, _orig_tree,
                 _jax_tree))
 _register(OpDef(
-    "build_tree@cuda", "jaxspec.spec.tree:build_tree", "build_tree@cuda",
+    "build_tree@cuda", "jaxspec.ops.tree:build_tree", "build_tree@cuda",
     _TREE_CONFIGS + (_cfg(B=3, S=3, K=2, N=6, mode=2), _cfg(B=16, S=5, K=4, N=8, mode=2),
                      _cfg(B=16, S=5, K=4, N=8, mode=0), _cfg(B=4, S=3, K=4, N=12, mode=2)),
     _gen_tree, _orig_tree_cuda, _jax_tree, devices=("cuda",),
@@ -154,7 +154,7 @@ _register(OpDef(
 
 
 # ----------------------------------------------------------------------------------------------------
-# jaxspec.spec.verify.verify_tree_greedy  vs  spec_tree.verify_tree_greedy_triton (+ CUDA on GPU)
+# jaxspec.ops.verify.verify_tree_greedy  vs  spec_tree.verify_tree_greedy_triton (+ CUDA on GPU)
 
 
 def _gen_verify(rng, c):
@@ -214,9 +214,9 @@ def _jax_verify(fn, j, impl):
 
 _VERIFY_CONFIGS = (_cfg(B=3, S=3, K=2, N=6), _cfg(B=4, S=4, K=1, N=5), _cfg(B=2, S=1, K=4, N=4),
                    _cfg(B=2, S=4, K=4, N=8))
-_register(OpDef("verify_tree_greedy", "jaxspec.spec.verify:verify_tree_greedy", "verify_tree_greedy",
+_register(OpDef("verify_tree_greedy", "jaxspec.ops.verify:verify_tree_greedy", "verify_tree_greedy",
                 _VERIFY_CONFIGS, _gen_verify, _orig_verify, _jax_verify))
-_register(OpDef("verify_tree_greedy@cuda", "jaxspec.spec.verify:verify_tree_greedy", "verify_tree_greedy@cuda",
+_register(OpDef("verify_tree_greedy@cuda", "jaxspec.ops.verify:verify_tree_greedy", "verify_tree_greedy@cuda",
                 _VERIFY_CONFIGS + (_cfg(B=16, S=5, K=4, N=8),), _gen_verify, _orig_verify_cuda, _jax_verify,
                 devices=("cuda",)))
 
@@ -273,7 +273,7 @@ def _jax_sampling(fn, j, impl):
 
 
 _register(OpDef(
-    "tree_speculative_sampling_target_only@cuda", "jaxspec.spec.verify:tree_speculative_sampling_target_only",
+    "tree_speculative_sampling_target_only@cuda", "jaxspec.ops.verify:tree_speculative_sampling_target_only",
     "tree_speculative_sampling_target_only@cuda",
     (_cfg(B=3, S=3, K=2, N=6, V=64), _cfg(B=4, S=4, K=1, N=5, V=30), _cfg(B=16, S=5, K=4, N=8, V=4099),
      _cfg(B=4, S=3, K=2, N=6, V=64, thr_single=0.5, thr_acc=0.5)),
@@ -282,7 +282,7 @@ _register(OpDef(
 
 
 # ----------------------------------------------------------------------------------------------------
-# jaxspec.spec.accept.fill_bonus_tokens  vs  eagle.py fill_bonus_tokens (Triton, 0.5.23 stride S+1)
+# jaxspec.ops.accept.fill_bonus_tokens  vs  eagle.py fill_bonus_tokens (Triton, 0.5.23 stride S+1)
 
 
 def _gen_accept_path(rng, b, a, n):
@@ -315,5 +315,5 @@ def _jax_bonus(fn, j, impl):
     return {"bonus_tokens": fn(j["predict"], j["accept_index"], j["accept_lens"])}
 
 
-_register(OpDef("fill_bonus_tokens", "jaxspec.spec.accept:fill_bonus_tokens", "fill_bonus_tokens",
+_register(OpDef("fill_bonus_tokens", "jaxspec.ops.accept:fill_bonus_tokens", "fill_bonus_tokens",
                 (_cfg(B=4, A=4, N=6), _cfg(B=1, A=2, N=2), _cfg(B=8, A=5, N=8)), _gen_bonus, _orig_bonus, _jax_bonus))

@@ -87,13 +87,13 @@ def _o(dv, path, symbol, kind, note=""):
 
 # jaxspec op -> the original it is compared against. THE table: fetch, loader and harness all read it.
 ORIGINALS: dict[str, Original] = {
-    # jaxspec.spec.draft
+    # jaxspec.ops.draft
     "select_top_k_tokens": _o(SGLANG, "sglang/srt/speculative/spec_utils.py", "select_top_k_tokens", "torch-source"),
-    # jaxspec.spec.tree (Triton XPU tree builder; FULL_MASK and QLEN_ONLY)
+    # jaxspec.ops.tree (Triton XPU tree builder; FULL_MASK and QLEN_ONLY)
     "build_tree": _o(SGLANG, f"{_SPEC}/spec_tree.py", "sgl_build_tree_kernel_triton", "host"),
-    # jaxspec.spec.verify
+    # jaxspec.ops.verify
     "verify_tree_greedy": _o(SGLANG, f"{_SPEC}/spec_tree.py", "verify_tree_greedy_triton", "host"),
-    # jaxspec.spec.accept
+    # jaxspec.ops.accept
     "fill_bonus_tokens": _o(SGLANG, f"{_SPEC}/eagle.py", "fill_bonus_tokens", "triton"),
     # jaxspec.kernels.cache_locs
     "assign_extend_cache_locs": _o(SGLANG, f"{_SPEC}/cache_locs.py", "assign_extend_cache_locs", "triton"),

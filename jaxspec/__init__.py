@@ -9,25 +9,25 @@ loop in ``jaxspec.engine``.
 
 from jaxspec._validate import checks as checks
 from jaxspec.config import SpecConfig as SpecConfig
-from jaxspec.spec.accept import EagleSampleOutput as EagleSampleOutput
-from jaxspec.spec.accept import eagle_sample as eagle_sample
-from jaxspec.spec.accept import fill_bonus_tokens as fill_bonus_tokens
-from jaxspec.spec.accept import make_coins as make_coins
-from jaxspec.spec.draft import DraftResults as DraftResults
-from jaxspec.spec.draft import SelectTopKOutput as SelectTopKOutput
-from jaxspec.spec.draft import TreeInfo as TreeInfo
-from jaxspec.spec.draft import chain_draft_results as chain_draft_results
-from jaxspec.spec.draft import organize_draft_results as organize_draft_results
-from jaxspec.spec.draft import organize_mtp_draft_results as organize_mtp_draft_results
-from jaxspec.spec.draft import select_top_k_tokens as select_top_k_tokens
-from jaxspec.spec.tree import TreeMaskMode as TreeMaskMode
-from jaxspec.spec.tree import TreeOutput as TreeOutput
-from jaxspec.spec.tree import build_chain_tree as build_chain_tree
-from jaxspec.spec.tree import build_tree as build_tree
-from jaxspec.spec.verify import VerifyOutput as VerifyOutput
-from jaxspec.spec.verify import top_k_renorm_prob as top_k_renorm_prob
-from jaxspec.spec.verify import top_p_renorm_prob as top_p_renorm_prob
-from jaxspec.spec.verify import tree_speculative_sampling_target_only as tree_speculative_sampling_target_only
-from jaxspec.spec.verify import verify_tree_greedy as verify_tree_greedy
+from jaxspec.ops.accept import EagleSampleOutput as EagleSampleOutput
+from jaxspec.ops.accept import eagle_sample as eagle_sample
+from jaxspec.ops.accept import fill_bonus_tokens as fill_bonus_tokens
+from jaxspec.ops.accept import make_coins as make_coins
+from jaxspec.ops.draft import DraftResults as DraftResults
+from jaxspec.ops.draft import SelectTopKOutput as SelectTopKOutput
+from jaxspec.ops.draft import TreeInfo as TreeInfo
+from jaxspec.ops.draft import chain_draft_results as chain_draft_results
+from jaxspec.ops.draft import organize_draft_results as organize_draft_results
+from jaxspec.ops.draft import organize_mtp_draft_results as organize_mtp_draft_results
+from jaxspec.ops.draft import select_top_k_tokens as select_top_k_tokens
+from jaxspec.ops.tree import TreeMaskMode as TreeMaskMode
+from jaxspec.ops.tree import TreeOutput as TreeOutput
+from jaxspec.ops.tree import build_chain_tree as build_chain_tree
+from jaxspec.ops.tree import build_tree as build_tree
+from jaxspec.ops.verify import VerifyOutput as VerifyOutput
+from jaxspec.ops.verify import top_k_renorm_prob as top_k_renorm_prob
+from jaxspec.ops.verify import top_p_renorm_prob as top_p_renorm_prob
+from jaxspec.ops.verify import tree_speculative_sampling_target_only as tree_speculative_sampling_target_only
+from jaxspec.ops.verify import verify_tree_greedy as verify_tree_greedy
 
 __version__ = "0.1.0"

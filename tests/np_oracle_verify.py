@@ -1,4 +1,4 @@
-"""NumPy loop oracles for jaxspec.spec.verify / accept, written from docs/ops-spec.md (§2.2-§7, Appendix A).
+"""NumPy loop oracles for jaxspec.ops.verify / accept, written from docs/ops-spec.md (§2.2-§7, Appendix A).
 
 Golden reference: SGLang 0.5.23 (strict ``coin < prob_acc / thr_acc`` and the ``p > 0`` guard). The
 loops follow the per-request scalar walks of the CUDA kernels line for line (one request at a time,

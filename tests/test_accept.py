@@ -1,4 +1,4 @@
-"""Tests for jaxspec.spec.accept (eagle_sample, fill_bonus_tokens, make_coins); SGLang 0.5.23 semantics."""
+"""Tests for jaxspec.ops.accept (eagle_sample, fill_bonus_tokens, make_coins); SGLang 0.5.23 semantics."""
 
 import jax
 import jax.numpy as jnp
@@ -7,8 +7,8 @@ import pytest
 
 import np_oracle_verify as oracle
 from jaxspec.config import SpecConfig
-from jaxspec.spec.accept import EagleSampleOutput, eagle_sample, fill_bonus_tokens, make_coins
-from jaxspec.spec.verify import top_k_renorm_prob, top_p_renorm_prob, tree_speculative_sampling_target_only
+from jaxspec.ops.accept import EagleSampleOutput, eagle_sample, fill_bonus_tokens, make_coins
+from jaxspec.ops.verify import top_k_renorm_prob, top_p_renorm_prob, tree_speculative_sampling_target_only
 from test_verify import (
     GOLDEN_ACCEPT_INDEX,
     GOLDEN_ACCEPT_TOKEN_NUM,

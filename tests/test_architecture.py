@@ -9,8 +9,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # layer folder -> import prefixes it must never use
 FORBIDDEN = {
-    "jaxspec/spec": ("jaxspec.interop", "jaxspec.engine", "jaxspec.models", "torch", "triton"),
-    "kernels": ("jaxspec.interop", "jaxspec.engine", "jaxspec.models", "jaxspec.spec", "torch", "triton"),
+    "jaxspec/ops": ("jaxspec.interop", "jaxspec.engine", "jaxspec.models", "torch", "triton"),
+    "kernels": ("jaxspec.interop", "jaxspec.engine", "jaxspec.models", "jaxspec.ops", "torch", "triton"),
     "jaxspec/models": ("jaxspec.interop", "jaxspec.engine", "torch", "triton"),
     "jaxspec/engine": ("jaxspec.interop", "torch", "triton"),
 }

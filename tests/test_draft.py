@@ -1,4 +1,4 @@
-"""Tests for jaxspec.spec.draft (select_top_k_tokens, organize_draft_results, MTP/chain organisation)."""
+"""Tests for jaxspec.ops.draft (select_top_k_tokens, organize_draft_results, MTP/chain organisation)."""
 
 import jax
 import jax.numpy as jnp
@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 import np_oracle_tree as oracle
 from jaxspec.config import SpecConfig
-from jaxspec.spec.draft import (
+from jaxspec.ops.draft import (
     DraftResults,
     SelectTopKOutput,
     TreeInfo,
@@ -18,7 +18,7 @@ from jaxspec.spec.draft import (
     organize_mtp_draft_results,
     select_top_k_tokens,
 )
-from jaxspec.spec.tree import TreeMaskMode, build_tree
+from jaxspec.ops.tree import TreeMaskMode, build_tree
 
 
 def _softmax_topk(rng, rows, k, vocab=64):

@@ -28,7 +28,7 @@ _SCRIPT = textwrap.dedent(
 
     # every module of the JAX side must import without torch/triton
     broken = {}
-    for pkg in ("jaxspec", "jaxspec.spec", "jaxspec.kernels", "jaxspec.models", "jaxspec.engine"):
+    for pkg in ("jaxspec", "jaxspec.ops", "jaxspec.kernels", "jaxspec.models", "jaxspec.engine"):
         mod = importlib.import_module(pkg)
         for info in pkgutil.iter_modules(mod.__path__, pkg + "."):
             if info.name.startswith("jaxspec.interop"):
@@ -44,8 +44,8 @@ _SCRIPT = textwrap.dedent(
 
     # the ops run
     from jaxspec.config import SpecConfig
-    from jaxspec.spec.tree import TreeMaskMode, build_tree
-    from jaxspec.spec.verify import verify_tree_greedy
+    from jaxspec.ops.tree import TreeMaskMode, build_tree
+    from jaxspec.ops.verify import verify_tree_greedy
     from jaxspec.kernels.cache_locs import assign_extend_cache_locs
 
     cfg = SpecConfig(num_steps=2, topk=1, num_draft_tokens=3)

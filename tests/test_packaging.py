@@ -26,7 +26,7 @@ def wheel(tmp_path_factory):
 def test_wheel_contains_mapped_packages(wheel):
     names = zipfile.ZipFile(wheel).namelist()
     for must in ("jaxspec/__init__.py", "jaxspec/kernels/__init__.py", "jaxspec/kernels/_backend.py",
-                 "jaxspec/interop/__init__.py", "jaxspec/spec/__init__.py"):
+                 "jaxspec/interop/__init__.py", "jaxspec/ops/__init__.py"):
         assert must in names, must
     # The generic names must not be installed at top level (they would collide with other packages).
     assert not any(n.startswith(("kernels/", "interop/")) for n in names)

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 
 from jaxspec.config import SpecConfig
-from jaxspec.spec.accept import fill_bonus_tokens
-from jaxspec.spec.draft import organize_draft_results, select_top_k_tokens
-from jaxspec.spec.tree import TreeMaskMode, build_tree
-from jaxspec.spec.verify import verify_tree_greedy
+from jaxspec.ops.accept import fill_bonus_tokens
+from jaxspec.ops.draft import organize_draft_results, select_top_k_tokens
+from jaxspec.ops.tree import TreeMaskMode, build_tree
+from jaxspec.ops.verify import verify_tree_greedy
 
 VOCAB = 50
 

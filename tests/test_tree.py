@@ -1,4 +1,4 @@
-"""Tests for jaxspec.spec.tree (build_tree, build_chain_tree) against the NumPy oracle and upstream fixtures."""
+"""Tests for jaxspec.ops.tree (build_tree, build_chain_tree) against the NumPy oracle and upstream fixtures."""
 
 import jax
 import jax.numpy as jnp
@@ -11,8 +11,8 @@ from jax.experimental import checkify
 import np_oracle_tree as oracle
 from jaxspec._validate import checks
 from jaxspec.config import SpecConfig
-from jaxspec.spec.draft import chain_draft_results, organize_draft_results
-from jaxspec.spec.tree import (
+from jaxspec.ops.draft import chain_draft_results, organize_draft_results
+from jaxspec.ops.tree import (
     FULL_MASK_PAD,
     TreeMaskMode,
     TreeOutput,

@@ -1,4 +1,4 @@
-"""Tests for jaxspec.spec.verify against SGLang 0.5.23 semantics (golden fixtures + NumPy loop oracles).
+"""Tests for jaxspec.ops.verify against SGLang 0.5.23 semantics (golden fixtures + NumPy loop oracles).
 
 Random breadth runs at one padded shape (B_PAD, N_PAD, S_PAD): every hypothesis example is a fresh tree
 of random (K, S, N, B) embedded into it, so hundreds of cases cost one compile. A few real (unpadded)
@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import np_oracle_verify as oracle
-from jaxspec.spec.verify import (
+from jaxspec.ops.verify import (
     VerifyOutput,
     sample_residual,
     top_k_renorm_prob,

@@ -33,9 +33,9 @@ from jaxspec.engine.state import DecodeState, EngineOptions
 from jaxspec.kernels.cache_locs import assign_extend_cache_locs_uniform
 from jaxspec.kernels.multi_layer_eagle import rotate_input_ids
 from jaxspec.models.llama import ForwardInputs, TinyPair, causal_mask
-from jaxspec.spec.accept import eagle_sample, fill_bonus_tokens
-from jaxspec.spec.draft import organize_draft_results, select_top_k_tokens
-from jaxspec.spec.tree import TreeMaskMode, build_chain_tree, build_tree
+from jaxspec.ops.accept import eagle_sample, fill_bonus_tokens
+from jaxspec.ops.draft import organize_draft_results, select_top_k_tokens
+from jaxspec.ops.tree import TreeMaskMode, build_chain_tree, build_tree
 
 
 def _kernel_kw(opts: EngineOptions) -> dict:

@@ -6,7 +6,7 @@ covers a ragged batch laid out as ``B`` rows of ``Q`` fresh tokens (static ``Q``
 * the committed prefix of row ``b`` (logical positions ``< prefix_lens[b]``) is gathered from the pool
   through ``req_to_token[b, :W]`` (static ``W``);
 * the ``Q`` fresh tokens attend to each other through ``qmask (B, Q, Q)`` -- causal for prefill / extend,
-  the QLEN_ONLY tree mask (``jaxspec.spec.tree.build_tree``) for verify, the identity for draft beams;
+  the QLEN_ONLY tree mask (``jaxspec.ops.tree.build_tree``) for verify, the identity for draft beams;
 * their rotated K/V are written to the slot ids ``write_locs (B, Q)`` (``None``: nothing is written, e.g.
   draft beams that must not clobber the committed draft KV).
 

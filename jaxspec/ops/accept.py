@@ -19,7 +19,7 @@ from jaxtyping import Array, Float, Int32
 
 from jaxspec._validate import check_shape
 from jaxspec.config import SpecConfig
-from jaxspec.spec import verify as _verify
+from jaxspec.ops import verify as _verify
 
 _LOGIT_DTYPES = (np.float32, jnp.bfloat16, np.float16)
 MAX_COIN = 1.0 - 2.0**-24  # largest float32 below 1: coins must lie in [0, 1) (a coin of 1.0 can pick a p=0 token)

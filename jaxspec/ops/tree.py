@@ -42,7 +42,7 @@ from jaxtyping import Array, ArrayLike, Bool, Int32, Integer, Shaped
 
 from jaxspec._validate import INT32_MAX, check, static_int
 from jaxspec.config import SpecConfig
-from jaxspec.spec.draft import index_array  # tracer-tolerant wrapper of _validate.index_array
+from jaxspec.ops.draft import index_array  # tracer-tolerant wrapper of _validate.index_array
 
 __all__ = ["TreeMaskMode", "TreeOutput", "build_tree", "build_chain_tree", "packed_mask_dtype"]
 

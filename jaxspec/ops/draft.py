@@ -2,7 +2,7 @@
 
 Draft-tree organisation (ops-spec §1, §2): the per-step beam expansion of the EAGLE draft loop and
 the top-(N-1) selection that turns the recorded candidates into ``parent_list`` /
-``top_scores_index`` / ``draft_tokens`` for :func:`jaxspec.spec.tree.build_tree`.
+``top_scores_index`` / ``draft_tokens`` for :func:`jaxspec.ops.tree.build_tree`.
 
 Every function here is pure and jittable. Static sizes (``step``, ``topk``, ``num_draft_tokens``,
 ``config``) are keyword-only (``step`` is positional as upstream, but must be a Python int). The
