@@ -6,7 +6,6 @@ a host-side shuffled permutation so a request's pages are not contiguous); page 
 reserved dummy page, so slot 0 is never a real token and zero-padded location buffers write harmlessly there.
 """
 
-import dataclasses
 import math
 
 import jax
@@ -14,30 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxspec.models.config import ModelConfig
-
-
-@jax.tree_util.register_dataclass
-@dataclasses.dataclass(frozen=True)
-class PagedKVCache:
-    """``k, v: f32[L, X, Hkv, E]`` (rotated keys are stored); ``req_to_token: i32[R, W]``.
-
-    The page size is a property of the allocator (``make_req_to_token``), not of the compiled code:
-    attention only ever follows ``req_to_token``, so page sizes 1 and 16 share one executable when the
-    pool sizes match (a static field would force a recompile per page size for no benefit).
-    """
-
-    k: jax.Array
-    v: jax.Array
-    req_to_token: jax.Array
-
-    @property
-    def num_layers(self) -> int:
-        return self.k.shape[0]
-
-    @property
-    def max_tokens_per_req(self) -> int:
-        """``W``: the static maximum context of one request."""
-        return self.req_to_token.shape[1]
+from jaxspec.protocols import PagedKVCache
 
 
 def num_pages_needed(num_reqs: int, max_tokens_per_req: int, page_size: int) -> int:
