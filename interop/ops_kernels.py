@@ -27,7 +27,7 @@ def _gen_extend(rng, c):
 def _orig_extend(t, device):
     b = t["req_pool_indices"].numel()
     out = torch.zeros((t["out_size"],), dtype=torch.int64, device=device)  # callers: zeros (dummy slot 0)
-    np2 = originals._sglang_utils_source()["next_power_of_2"]
+    np2 = originals.next_power_of_2
     originals.load("assign_extend_cache_locs")[(b,)](
         t["req_pool_indices"], t["req_to_token"], t["start_offset"], t["end_offset"], out,
         t["req_to_token"].shape[1], np2(b),
@@ -55,7 +55,7 @@ def _gen_accept_loc(rng, c):
 def _orig_accept_loc(t, device):
     size = t["accept_index"].numel()  # 0.5.23: bs * accept_index.shape[1]
     out = torch.zeros((size,), dtype=torch.int64, device=device)
-    np2 = originals._sglang_utils_source()["next_power_of_2"]
+    np2 = originals.next_power_of_2
     originals.load("fill_accept_out_cache_loc")[(size,)](t["accept_index"], t["out_cache_loc"], out, np2(size))
     return {"accept_out_cache_loc": out}
 
@@ -101,7 +101,7 @@ def _orig_kv_move(t, device):
     # memory_pool._init_kv_copy_and_warmup's tiling heuristics
     bpt = 512 if stride >= 8192 else (256 if stride >= 4096 else 128)
     num = t["tgt_loc"].numel()
-    np2 = originals._sglang_utils_source()["next_power_of_2"]
+    np2 = originals.next_power_of_2
     originals.load("move_kv_cache")[(len(bufs), (stride + bpt - 1) // bpt)](
         data_ptrs, strides, t["tgt_loc"], t["src_loc"], num, np2(num), BYTES_PER_TILE=bpt,
         num_warps=4 if bpt <= 256 else 8, num_stages=2,
