@@ -8,8 +8,19 @@ import numpy as np
 import torch
 
 from jaxspec.interop import originals
-from jaxspec.interop.harness import OpDef, _cfg, _register, random_draft, tree_links
+from jaxspec.interop.registry import OpDef, config, register
+from jaxspec.testing import draft_lists, organize, random_accept_index, tree_links
 
+
+
+def _draft_tree(rng, b, s, k, n, vocab=32000):
+    """int64 ``(parent_list, top_scores_index, draft_tokens)`` of a valid random draft tree (probabilities in
+    (0.05, 0.95): every child scores strictly below its parent, so the selection is parent-closed)."""
+    d = draft_lists(rng, b, s, k, vocab=vocab)
+    return organize(d.score_list, d.token_list, d.parents_list, n)
+
+
+# ----------------------------------------------------------------------------------------------------
 # jaxspec.ops.draft.select_top_k_tokens  vs  sglang 0.5.23 spec_utils.select_top_k_tokens (torch)
 
 
@@ -47,10 +58,10 @@ def _jax_select(fn, j, impl):
     }
 
 
-_register(OpDef(
+register(OpDef(
     "select_top_k_tokens", "jaxspec.ops.draft:select_top_k_tokens", "select_top_k_tokens",
-    (_cfg(B=3, K=2, H=8, step=0), _cfg(B=3, K=2, H=8, step=1), _cfg(B=2, K=4, H=8, step=2),
-     _cfg(B=4, K=1, H=8, step=1)),
+    (config(B=3, K=2, H=8, step=0), config(B=3, K=2, H=8, step=1), config(B=2, K=4, H=8, step=2),
+     config(B=4, K=1, H=8, step=1)),
     _gen_select, _orig_select, _jax_select,
 ))
 
@@ -65,7 +76,7 @@ def _gen_tree(rng, c):
     from jaxspec.config import SpecConfig
 
     b, s, k, n = c["B"], c["S"], c["K"], c["N"]
-    plist, sel, dtok = random_draft(rng, b, s, k, n)
+    plist, sel, dtok = _draft_tree(rng, b, s, k, n)
     return {
         "bonus_tokens": rng.integers(0, 32000, b).astype(np.int32),
         "parent_list": plist,
@@ -140,15 +151,15 @@ def _jax_tree(fn, j, impl):
 
 
 _TREE_CONFIGS = (
-    _cfg(B=3, S=3, K=2, N=6, mode=0), _cfg(B=3, S=3, K=2, N=6, mode=1), _cfg(B=2, S=1, K=4, N=4, mode=0),
-    _cfg(B=4, S=4, K=1, N=5, mode=1), _cfg(B=2, S=4, K=4, N=8, mode=0),
+    config(B=3, S=3, K=2, N=6, mode=0), config(B=3, S=3, K=2, N=6, mode=1), config(B=2, S=1, K=4, N=4, mode=0),
+    config(B=4, S=4, K=1, N=5, mode=1), config(B=2, S=4, K=4, N=8, mode=0),
 )
-_register(OpDef("build_tree", "jaxspec.ops.tree:build_tree", "build_tree", _TREE_CONFIGS, _gen_tree, _orig_tree,
+register(OpDef("build_tree", "jaxspec.ops.tree:build_tree", "build_tree", _TREE_CONFIGS, _gen_tree, _orig_tree,
                 _jax_tree))
-_register(OpDef(
+register(OpDef(
     "build_tree@cuda", "jaxspec.ops.tree:build_tree", "build_tree@cuda",
-    _TREE_CONFIGS + (_cfg(B=3, S=3, K=2, N=6, mode=2), _cfg(B=16, S=5, K=4, N=8, mode=2),
-                     _cfg(B=16, S=5, K=4, N=8, mode=0), _cfg(B=4, S=3, K=4, N=12, mode=2)),
+    _TREE_CONFIGS + (config(B=3, S=3, K=2, N=6, mode=2), config(B=16, S=5, K=4, N=8, mode=2),
+                     config(B=16, S=5, K=4, N=8, mode=0), config(B=4, S=3, K=4, N=12, mode=2)),
     _gen_tree, _orig_tree_cuda, _jax_tree, devices=("cuda",),
 ))
 
@@ -159,7 +170,7 @@ _register(OpDef(
 
 def _gen_verify(rng, c):
     b, s, k, n, vocab = c["B"], c["S"], c["K"], c["N"], 8
-    plist, sel, dtok = random_draft(rng, b, s, k, n, vocab=vocab)
+    plist, sel, dtok = _draft_tree(rng, b, s, k, n, vocab=vocab)
     ri, nt, ns = tree_links(plist, sel, k, n)
     cand = np.concatenate([rng.integers(0, vocab, (b, 1)), dtok], 1).astype(np.int64)
     target = rng.integers(0, vocab, (b, n)).astype(np.int64)
@@ -212,12 +223,12 @@ def _jax_verify(fn, j, impl):
     return {"predict": o.predict, "accept_index": o.accept_index, "num_correct_drafts": o.num_correct_drafts}
 
 
-_VERIFY_CONFIGS = (_cfg(B=3, S=3, K=2, N=6), _cfg(B=4, S=4, K=1, N=5), _cfg(B=2, S=1, K=4, N=4),
-                   _cfg(B=2, S=4, K=4, N=8))
-_register(OpDef("verify_tree_greedy", "jaxspec.ops.verify:verify_tree_greedy", "verify_tree_greedy",
+_VERIFY_CONFIGS = (config(B=3, S=3, K=2, N=6), config(B=4, S=4, K=1, N=5), config(B=2, S=1, K=4, N=4),
+                   config(B=2, S=4, K=4, N=8))
+register(OpDef("verify_tree_greedy", "jaxspec.ops.verify:verify_tree_greedy", "verify_tree_greedy",
                 _VERIFY_CONFIGS, _gen_verify, _orig_verify, _jax_verify))
-_register(OpDef("verify_tree_greedy@cuda", "jaxspec.ops.verify:verify_tree_greedy", "verify_tree_greedy@cuda",
-                _VERIFY_CONFIGS + (_cfg(B=16, S=5, K=4, N=8),), _gen_verify, _orig_verify_cuda, _jax_verify,
+register(OpDef("verify_tree_greedy@cuda", "jaxspec.ops.verify:verify_tree_greedy", "verify_tree_greedy@cuda",
+                _VERIFY_CONFIGS + (config(B=16, S=5, K=4, N=8),), _gen_verify, _orig_verify_cuda, _jax_verify,
                 devices=("cuda",)))
 
 
@@ -272,11 +283,11 @@ def _jax_sampling(fn, j, impl):
     return {"predict": o.predict, "accept_index": o.accept_index, "num_correct_drafts": o.num_correct_drafts}
 
 
-_register(OpDef(
+register(OpDef(
     "tree_speculative_sampling_target_only@cuda", "jaxspec.ops.verify:tree_speculative_sampling_target_only",
     "tree_speculative_sampling_target_only@cuda",
-    (_cfg(B=3, S=3, K=2, N=6, V=64), _cfg(B=4, S=4, K=1, N=5, V=30), _cfg(B=16, S=5, K=4, N=8, V=4099),
-     _cfg(B=4, S=3, K=2, N=6, V=64, thr_single=0.5, thr_acc=0.5)),
+    (config(B=3, S=3, K=2, N=6, V=64), config(B=4, S=4, K=1, N=5, V=30), config(B=16, S=5, K=4, N=8, V=4099),
+     config(B=4, S=3, K=2, N=6, V=64, thr_single=0.5, thr_acc=0.5)),
     _gen_sampling, _orig_sampling_cuda, _jax_sampling, devices=("cuda",),
 ))
 
@@ -285,21 +296,9 @@ _register(OpDef(
 # jaxspec.ops.accept.fill_bonus_tokens  vs  eagle.py fill_bonus_tokens (Triton, 0.5.23 stride S+1)
 
 
-def _gen_accept_path(rng, b, a, n):
-    """accept_index (B, A) int32 (root first, strictly increasing nodes, -1 pad) and accept_lens (B,)."""
-    lens = rng.integers(1, a + 1, b).astype(np.int32)
-    idx = np.full((b, a), -1, np.int32)
-    for r in range(b):
-        nodes = np.sort(rng.choice(np.arange(1, n), size=min(lens[r] - 1, n - 1), replace=False))
-        path = np.concatenate([[0], nodes])
-        lens[r] = len(path)
-        idx[r, : len(path)] = r * n + path
-    return idx, lens
-
-
 def _gen_bonus(rng, c):
     b, a, n = c["B"], c["A"], c["N"]
-    idx, lens = _gen_accept_path(rng, b, a, n)
+    idx, lens = random_accept_index(rng, b, a, n)
     return {"predict": rng.integers(0, 32000, b * n).astype(np.int32), "accept_index": idx, "accept_lens": lens}
 
 
@@ -315,5 +314,5 @@ def _jax_bonus(fn, j, impl):
     return {"bonus_tokens": fn(j["predict"], j["accept_index"], j["accept_lens"])}
 
 
-_register(OpDef("fill_bonus_tokens", "jaxspec.ops.accept:fill_bonus_tokens", "fill_bonus_tokens",
-                (_cfg(B=4, A=4, N=6), _cfg(B=1, A=2, N=2), _cfg(B=8, A=5, N=8)), _gen_bonus, _orig_bonus, _jax_bonus))
+register(OpDef("fill_bonus_tokens", "jaxspec.ops.accept:fill_bonus_tokens", "fill_bonus_tokens",
+                (config(B=4, A=4, N=6), config(B=1, A=2, N=2), config(B=8, A=5, N=8)), _gen_bonus, _orig_bonus, _jax_bonus))
