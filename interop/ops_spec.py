@@ -12,7 +12,6 @@ from jaxspec.interop.registry import OpDef, config, register
 from jaxspec.testing import draft_lists, organize, random_accept_index, tree_links
 
 
-
 def _draft_tree(rng, b, s, k, n, vocab=32000):
     """int64 ``(parent_list, top_scores_index, draft_tokens)`` of a valid random draft tree (probabilities in
     (0.05, 0.95): every child scores strictly below its parent, so the selection is parent-closed)."""
@@ -24,20 +23,55 @@ def _draft_tree(rng, b, s, k, n, vocab=32000):
 # jaxspec.ops.draft.select_top_k_tokens  vs  sglang 0.5.23 spec_utils.select_top_k_tokens (torch)
 
 
+_F32_TINY = np.finfo(np.float32).tiny  # 1.18e-38: the smallest normal float32
+
+# The two classes of input on which jaxspec's select_top_k_tokens is documented to differ from the torch original
+# (see its docstring). The "ties" / "subnormals" configs below generate them on purpose.
+SELECT_KNOWN_DIFFERENCES = {
+    "ties": "exact ties among a row's K*K cumulative scores: torch.topk's order among equal values is "
+            "implementation-defined, jaxspec (lax.top_k) takes the lowest flat index, so the chosen beams "
+            "(input_ids, parents, hidden_states) may differ; the multiset of selected scores is the same",
+    "subnormals": "cumulative scores below 1.18e-38 (float32 subnormals): XLA flushes them to zero, torch keeps "
+                  "them, so in jaxspec they compare as 0 (a tie resolved to the lowest index) and the selected "
+                  "beams and scores may differ",
+}
+
+
 def _gen_select(rng, c):
     b, k, h, step = c["B"], c["K"], c["H"], c["step"]
     rows = b if step == 0 else b * k
-    p = rng.uniform(0.01, 1.0, (rows, k)).astype(np.float32)
-    p = -np.sort(-p, axis=1)
-    out = {
+    case = c.get("case", "random")
+    if case == "ties":  # few distinct values: exact ties among the K*K products (powers of two: exact products)
+        p = -np.sort(-rng.choice(np.float32([0.5, 0.25, 0.125]), (rows, k)), axis=1)
+        scores = rng.choice(np.float32([0.5, 0.25]), (b, k))
+    elif case == "subnormals":  # scores deep below the normal range (as deep, wide trees can reach)
+        p = -np.sort(-rng.uniform(0.01, 1.0, (rows, k)).astype(np.float32), axis=1)
+        scores = (rng.uniform(1.0, 64.0, (b, k)) * _F32_TINY / 256).astype(np.float32)
+    else:
+        p = -np.sort(-rng.uniform(0.01, 1.0, (rows, k)).astype(np.float32), axis=1)
+        scores = rng.uniform(0.01, 1.0, (b, k)).astype(np.float32)
+    return {
         "step": step,
         "topk_p": p,
         "topk_index": rng.integers(0, 32000, (rows, k)).astype(np.int64),
         "hidden_states": rng.standard_normal((rows, h)).astype(np.float32),
-        "scores": None if step == 0 else rng.uniform(0.01, 1.0, (b, k)).astype(np.float32),
+        "scores": None if step == 0 else scores,
         "topk": k,
     }
-    return out
+
+
+def _classify_select(t) -> str | None:
+    """The known-difference class of a select_top_k_tokens input (step >= 1 only: step 0 selects nothing)."""
+    if t["step"] == 0:
+        return None
+    k, b = t["topk"], t["scores"].shape[0]
+    expand = np.asarray(t["scores"], np.float32)[:, :, None] * np.asarray(t["topk_p"], np.float32).reshape(b, k, k)
+    flat = expand.reshape(b, k * k)
+    if np.any((np.abs(flat) < _F32_TINY) & (flat != 0)) or np.any((np.abs(t["scores"]) < _F32_TINY) & (t["scores"] != 0)):
+        return "subnormals"
+    if any(len(np.unique(row)) < row.size for row in flat):
+        return "ties"
+    return None
 
 
 def _orig_select(t, device):
@@ -61,8 +95,11 @@ def _jax_select(fn, j, impl):
 register(OpDef(
     "select_top_k_tokens", "jaxspec.ops.draft:select_top_k_tokens", "select_top_k_tokens",
     (config(B=3, K=2, H=8, step=0), config(B=3, K=2, H=8, step=1), config(B=2, K=4, H=8, step=2),
-     config(B=4, K=1, H=8, step=1)),
+     config(B=4, K=1, H=8, step=1),
+     # the documented differences, generated on purpose (reported in the "known" column, never as mismatches)
+     config(B=4, K=3, H=8, step=1, case="ties"), config(B=4, K=3, H=8, step=1, case="subnormals")),
     _gen_select, _orig_select, _jax_select,
+    known_differences=SELECT_KNOWN_DIFFERENCES, classify=_classify_select,
 ))
 
 

@@ -107,3 +107,26 @@ def test_cuda_originals_not_imported_on_cpu():
     import sys
 
     assert "jaxspec.interop.cuda_originals" not in sys.modules
+
+
+def test_select_top_k_known_differences_are_generated_and_named():
+    """Issue 12 D13: ties and subnormal scores are generated on purpose and reported under their names (the
+    differences are real: every generated case differs), never as mismatches or silent passes."""
+    op = harness.OPS["select_top_k_tokens"]
+    assert set(op.known_differences) == {"ties", "subnormals"}
+    rows = [r for r in harness.run_cases(op.name, seed=0, cases=2) if r.config.get("case")]
+    assert sorted(r.known_class for r in rows) == ["subnormals", "ties"]
+    for r in rows:
+        assert r.mismatches == 0 and r.known == r.cases == 2, r
+        assert r.known_differing >= 1, r  # the class really differs, so reporting it is not vacuous
+    random_inputs = harness.make_inputs(op.name, np.random.default_rng(0), op.configs[1])
+    assert op.known_class(random_inputs) is None  # ordinary inputs stay strict
+
+
+def test_check_cli_reports_known_differences(capsys):
+    from jaxspec.interop import check
+
+    rc = check.main(["--ops", "select_top_k_tokens", "--cases", "1"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert "[ties]" in out and "[subnormals]" in out and "known difference select_top_k_tokens [ties]:" in out
