@@ -15,7 +15,6 @@ missing column prints as "-"). ``BenchContext`` carries ``interpret``, ``small``
 helpers ``check_equal``, ``time_op`` (see below) so cases stay a few lines each.
 """
 
-import argparse
 import dataclasses
 import importlib.util
 import json
@@ -30,6 +29,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
+import _cli  # noqa: E402
 import _timing  # noqa: E402
 
 UNROLL = 25  # cache-location ops per timing-loop trip (one XLA:GPU loop trip costs ~10 us on the H200)
@@ -252,13 +252,13 @@ def load_extra_cases():
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = _cli.parser("kernels.py", __doc__)
     p.add_argument("--interpret", action="store_true", help="Pallas interpret mode (CPU smoke test)")
     p.add_argument("--small", action="store_true", help="tiny sizes (smoke test)")
     p.add_argument("--json", default=None, help="write rows as JSON to this path")
     p.add_argument("--reps", type=int, default=None, help="repetitions inside one jit (default 50; 3 with --small)")
-    p.add_argument("--skip-move", action="store_true")
-    p.add_argument("--skip-cache-locs", action="store_true")
+    p.add_argument("--skip-move", action="store_true", help="skip the KV-move kernels")
+    p.add_argument("--skip-cache-locs", action="store_true", help="skip the cache-location kernels")
     p.add_argument("--move-configs", default="16x1,32x1,8x2,16x2,8x4",
                    help="KV-move MoveConfig sweep as ROWSxWARPS,... (fewer = faster GPU run)")
     p.add_argument("--span-modes", default="par,seq", help="span modes of the generic move: par,seq")

@@ -17,7 +17,6 @@ cost ~10 us on the H200 (measured: 15 us/op rolled vs 3-5 us/op with 25 ops unro
 test: timings there mean nothing). ``python bench/kernels_paged.py [--device cpu]`` runs it alone.
 """
 
-import argparse
 import os
 import sys
 import time
@@ -30,7 +29,8 @@ from jax import lax
 from jaxspec.kernels import _backend
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import _timing  # noqa: E402  (bench/ is a folder of scripts, not a package)
+import _cli  # noqa: E402  (bench/ is a folder of scripts, not a package)
+import _timing  # noqa: E402
 from jaxspec.kernels import multi_layer_eagle as mle
 from jaxspec.kernels import paged_cache_locs as pcl
 
@@ -283,12 +283,13 @@ CASES = [
 ]
 
 
-def main():
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--device", choices=("cuda", "cpu"), default=None)
-    p.add_argument("--batch-sizes", default=None)
-    p.add_argument("--quick", action="store_true")
-    args = p.parse_args()
+def main(argv=None):
+    p = _cli.parser("kernels_paged.py", __doc__)
+    p.add_argument("--device", choices=("cuda", "cpu"), default=None,
+                   help="cpu: Pallas interpret mode, small sizes (default: cuda when jax sees a GPU)")
+    p.add_argument("--batch-sizes", default=None, help="comma list (default 1,16,64,256; small on cpu)")
+    p.add_argument("--quick", action="store_true", help="fewer repetitions")
+    args = p.parse_args(argv)
     cols = ["kernel", "case", "bs", "check", "pallas_gpu_us", "ref_gpu_us", "speedup", "pallas_wall_us",
             "ref_wall_us"]
     print(" | ".join(cols))

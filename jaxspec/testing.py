@@ -1,5 +1,6 @@
 """Random-input generators shared by jaxspec's tests, the interop harness and the benchmarks (NumPy, host side)."""
 
+import dataclasses
 from typing import NamedTuple
 
 import numpy as np
@@ -154,3 +155,127 @@ def children(next_token, next_sibling, b: int, j: int) -> list[int]:
         out.append(int(c))
         c = next_sibling[b, c]
     return out
+
+
+# ----------------------------------------------------------------------------------------------------
+# one bookkeeping step's inputs (bench/step.py, interop/original_step.py)
+
+
+@dataclasses.dataclass(frozen=True)
+class PoolShape:
+    """KV pool: ``layers`` x (K, V) x ``slots`` rows of ``kv_heads * head_dim`` elements (bf16)."""
+
+    layers: int
+    kv_heads: int
+    head_dim: int
+    slots: int
+
+    @property
+    def row_elems(self) -> int:
+        return self.kv_heads * self.head_dim
+
+    @property
+    def row_bytes(self) -> int:
+        return 2 * self.row_elems
+
+    @property
+    def nbytes(self) -> int:
+        return self.layers * 2 * self.slots * self.row_bytes
+
+
+@dataclasses.dataclass
+class StepInputs:
+    """The host inputs of one speculative bookkeeping step (int64 where SGLang is int64)."""
+
+    S: int
+    K: int
+    N: int
+    score_list: list  # f32: (B,1,K), then (B,K,K) per later step
+    token_list: list  # i64: (B,K), then (B,K*K)
+    parents_list: list  # i64: (B,K+1), then (B,K)
+    chain_draft_tokens: np.ndarray  # i64 (B,S): the K == 1 draft buffer (= concat(token_list))
+    bonus_tokens: np.ndarray  # i32 (B,)
+    seq_lens: np.ndarray  # i64 (B,)
+    req_pool_indices: np.ndarray  # i64 (B,)
+    req_to_token: np.ndarray  # i32 (R, W)
+    out_cache_loc: np.ndarray  # i64 (B*N,): verify window req_to_token[req, seq + 0..N-1]
+    target_predict: np.ndarray  # i64 (B, N)
+    expected_accept_lens: np.ndarray  # i32 (B,): the path length target_predict was built for
+
+    @property
+    def bs(self) -> int:
+        return int(self.seq_lens.shape[0])
+
+
+STEP_VOCAB = 128256  # Llama 3's vocabulary: token ids of the step inputs
+
+
+def _tie_free_tree(lists: DraftLists, S: int, K: int, N: int):
+    """``(top_scores_index, draft_tokens, children)`` of the organized draft, or None when the top-(N-1)
+    boundary is a tie (torch.topk's choice is unspecified there) or a selected node's parent is not selected."""
+    pl, sel, dt = organize(lists.score_list, lists.token_list, lists.parents_list, N)
+    bs = sel.shape[0]
+    s = np.concatenate([x.reshape(bs, -1) for x in lists.score_list], 1)
+    if N - 1 < s.shape[1]:
+        kth, nxt = -np.sort(-s, axis=1)[:, N - 2 : N].T
+        if np.any(kth == nxt):
+            return None
+    for b in range(bs):
+        for t in range(1, N):
+            ptb = sel[b, t - 1] // K
+            if ptb != 0 and not np.any(sel[b] == pl[b, ptb]):
+                return None
+    _, nt, ns = tree_links(pl, sel, K, N)
+    return sel, dt, [[children(nt, ns, b, j) for j in range(N)] for b in range(bs)]
+
+
+def make_step_inputs(S: int, K: int, N: int, bs: int, slots: int, max_bs: int, seed: int) -> StepInputs:
+    """Random inputs of one step of config (S, K, N) at batch ``bs`` over a pool of ``slots`` slots.
+
+    The draft is a softmax beam (tie-free at the top-(N-1) boundary); ``target_predict`` copies the draft
+    tokens along a random root-ward path and stops at a random depth with a token that matches no child
+    there, so accept lengths spread over 1..S+1; ``req_to_token`` is a random permutation of slots 1..X-1
+    (slot 0 is the dummy) over ``max_bs + 1`` rows."""
+    rng = np.random.default_rng(seed)
+    for _ in range(100):
+        lists = draft_lists(rng, bs, S, K, vocab=STEP_VOCAB, draw=softmax_topk())
+        tree = _tie_free_tree(lists, S, K, N)
+        if tree is not None:
+            break
+    else:  # pragma: no cover
+        raise RuntimeError("could not draw a tie-free draft tree")
+    sel, dt, kids = tree
+    cand = np.concatenate([np.zeros((bs, 1), np.int64), dt], 1)
+    target = rng.integers(0, STEP_VOCAB, size=(bs, N), dtype=np.int64)
+    accept = np.ones(bs, np.int32)
+    for b in range(bs):
+        stop, node = int(rng.integers(0, S + 1)), 0
+        for _ in range(stop):
+            if not kids[b][node]:
+                break
+            child = kids[b][node][int(rng.integers(0, len(kids[b][node])))]
+            target[b, node] = cand[b, child]
+            node = child
+            accept[b] += 1
+        taken = {int(cand[b, c]) for c in kids[b][node]}
+        while int(target[b, node]) in taken:
+            target[b, node] = int(rng.integers(0, STEP_VOCAB))
+    rows = max_bs + 1
+    width = (slots - 1) // rows
+    margin = S + 1 + max(N, K * S) + 1
+    if width < margin + 8:
+        raise ValueError(f"slots: a pool of {slots} slots is too small for {rows} request rows")
+    perm = rng.permutation(np.arange(1, slots, dtype=np.int32))[: rows * width]
+    req_to_token = perm.reshape(rows, width)
+    req_pool_indices = rng.choice(np.arange(1, rows), size=bs, replace=False).astype(np.int64)
+    seq_lens = rng.integers(4, width - margin, size=bs).astype(np.int64)
+    window = req_to_token[req_pool_indices[:, None], seq_lens[:, None] + np.arange(N)[None, :]]
+    bonus = rng.integers(0, STEP_VOCAB, size=bs).astype(np.int32)
+    return StepInputs(
+        S=S, K=K, N=N,
+        score_list=lists.score_list, token_list=lists.token_list, parents_list=lists.parents_list,
+        chain_draft_tokens=np.concatenate(lists.token_list, 1).astype(np.int64),
+        bonus_tokens=bonus, seq_lens=seq_lens, req_pool_indices=req_pool_indices,
+        req_to_token=req_to_token, out_cache_loc=window.reshape(-1).astype(np.int64),
+        target_predict=target, expected_accept_lens=accept,
+    )
