@@ -154,10 +154,9 @@ def make_jax_step(S: int, K: int, N: int, interpret: bool, move: str = "accept",
                     k_pool, v_pool, vr.accept_index, accept_lens, x["out_cache_loc"], **kern
                 )
             else:
-                tgt = kcl.fill_front_out_cache_loc(accept_lens, x["out_cache_loc"], width=S + 1, **kern)
-                src = kcl.fill_accept_out_cache_loc(vr.accept_index, x["out_cache_loc"], **kern)
-                k_pool, v_pool = kkv.move_kv_cache(k_pool, v_pool, tgt, src, **kern)
-                out.update(move_tgt=tgt, move_src=src)
+                pairs = _move_pairs(S, kern, vr.accept_index, accept_lens, x["out_cache_loc"])
+                k_pool, v_pool = kkv.move_kv_cache(k_pool, v_pool, pairs["move_tgt"], pairs["move_src"], **kern)
+                out.update(pairs)
         if upto == "move":
             return k_pool, v_pool, out
         out["next_out_cache_loc"] = kcl.assign_extend_cache_locs_uniform(
@@ -171,17 +170,20 @@ def make_jax_step(S: int, K: int, N: int, interpret: bool, move: str = "accept",
     return step
 
 
+def _move_pairs(S: int, kern: dict, accept_index, accept_lens, out_cache_loc) -> dict:
+    """SGLang 0.5.23's packed move pairs: targets from ``fill_front_out_cache_loc``, sources from
+    ``fill_accept_out_cache_loc``."""
+    tgt = kcl.fill_front_out_cache_loc(accept_lens, out_cache_loc, width=S + 1, **kern)
+    src = kcl.fill_accept_out_cache_loc(accept_index, out_cache_loc, **kern)
+    return dict(move_tgt=tgt, move_src=src)
+
+
 def make_move_pairs(S: int, interpret: bool):
-    """jaxspec's 0.5.23 move pairs (tgt, src), checked against the original's (not part of the timed step
-    with ``--move accept``, whose kernel builds the same pairs request-aligned)."""
+    """jaxspec's 0.5.23 move pairs (tgt, src) as one jitted function, checked against the original's (not part
+    of the timed step with ``--move accept``, whose kernel builds the same pairs request-aligned)."""
     kern = dict(interpret=True) if interpret else {}
-
-    def pairs(accept_index, accept_lens, out_cache_loc):
-        tgt = kcl.fill_front_out_cache_loc(accept_lens, out_cache_loc, width=S + 1, **kern)
-        src = kcl.fill_accept_out_cache_loc(accept_index, out_cache_loc, **kern)
-        return dict(move_tgt=tgt, move_src=src)
-
-    return jax.jit(pairs)
+    return jax.jit(lambda accept_index, accept_lens, out_cache_loc: _move_pairs(
+        S, kern, accept_index, accept_lens, out_cache_loc))
 
 
 def _perturb(x: dict, token):
