@@ -6,7 +6,7 @@ and the jaxspec op on the same inputs, exchanged through the DLPack shim (numpy 
 the upstream dtypes -> ``to_jax`` for jaxspec; jaxspec outputs come back with ``to_torch``), and
 returns per-output mismatch counts and max abs differences. Everything is compared exactly: integer
 outputs, masks, moved KV bits, and the float outputs of ``select_top_k_tokens`` (single fp32
-multiplies, order-free). jaxspec's int32 outputs are compared by value with upstream's int64 ones.
+multiplies, order-free; its documented ties / subnormals classes aside). jaxspec's int32 outputs are compared by value with upstream's int64 ones.
 
 ``make_inputs(op, rng, config)`` draws random inputs for one of ``OPS[op].configs`` (a small fixed
 shape set: several upstream kernels take sizes as ``tl.constexpr`` and the Triton interpreter costs
@@ -33,9 +33,6 @@ from jaxspec.interop.registry import OPS, OpDef
 
 __all__ = ["OPS", "OpDef", "OutputDiff", "Report", "Row", "compare", "implementations", "jaxspec_fn", "make_inputs",
            "ops_for", "run_cases"]
-
-RESERVED = ("implementation", "device", "interpret")
-
 
 # ----------------------------------------------------------------------------------------------------
 # reports

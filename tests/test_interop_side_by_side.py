@@ -103,9 +103,13 @@ def test_check_cli_single_op(capsys):
     assert "fill_bonus_tokens" in out and "OK: 0 mismatching" in out
 
 
-def test_cuda_originals_not_imported_on_cpu():
+def test_cuda_originals_not_imported_on_cpu(monkeypatch):
+    """The CPU path of an op with a CUDA twin never imports cuda_originals (other test files may have)."""
     import sys
 
+    monkeypatch.delitem(sys.modules, "jaxspec.interop.cuda_originals", raising=False)
+    rows = harness.run_cases("verify_tree_greedy", seed=0, cases=1, max_configs=1)
+    assert rows[0].mismatches == 0
     assert "jaxspec.interop.cuda_originals" not in sys.modules
 
 
