@@ -152,7 +152,7 @@ def _max_pages(st):
 
 def _per_batch(args, build):
     """One row per batch size: ``build(st, bs, rng) -> (name, shape, op, inputs, carry_index)``; ``op`` is the
-    public function, called with its inputs and ``implementation`` / ``interpret`` (plus ``**static``)."""
+    public function (static arguments bound with ``functools.partial``), run with each ``implementation``."""
     st = _settings(args)
     rows = []
     for bs in st["batch_sizes"]:
@@ -165,88 +165,82 @@ def _per_batch(args, build):
     return rows
 
 
-def case_compute_out_cache_loc_uniform(args):
-    def build(st, bs, rng):
-        _, pools, table, starts = _paged_inputs(rng, bs, _max_pages(st))
-        op = functools.partial(pcl.compute_out_cache_loc_uniform, page_size=PAGE_SIZE, uniform_input_length=UNIFORM)
-        return "compute_out_cache_loc_uniform", f"U={UNIFORM} P={PAGE_SIZE}", op, (starts, pools, table), None
-
-    return _per_batch(args, build)
+CASES = []  # callables case(args) -> rows, in table order (bench/kernels.py appends their rows)
 
 
-def case_compute_out_cache_loc(args):
-    def build(st, bs, rng):
-        _, pools, table, starts = _paged_inputs(rng, bs, _max_pages(st))
-        lens = jnp.asarray(rng.integers(1, 2 * UNIFORM + 1, size=bs).astype(np.int32))
-        out_size = max(128, 1 << int(np.ceil(np.log2(bs * 2 * UNIFORM))))
-        op = functools.partial(pcl.compute_out_cache_loc, page_size=PAGE_SIZE, out_size=out_size)
-        return ("compute_out_cache_loc", f"ragged 1..{2 * UNIFORM} out={out_size}", op, (starts, lens, pools, table),
-                None)
+def _case(build):
+    """Register ``build(st, bs, rng) -> (name, shape, op, inputs, carry_index)`` as a ``CASES`` entry."""
 
-    return _per_batch(args, build)
+    def case(args):
+        return _per_batch(args, build)
 
-
-def case_fused_decode_input_prep(args):
-    def build(st, bs, rng):
-        num_rows, pools, table, starts = _paged_inputs(rng, bs, _max_pages(st))
-        vcl = jnp.zeros((num_rows,), jnp.int32).at[pools].set(starts)
-        op = functools.partial(pcl.fused_decode_input_prep, page_size=PAGE_SIZE, uniform_input_length=UNIFORM)
-        return "fused_decode_input_prep", f"U={UNIFORM} P={PAGE_SIZE}", op, (vcl, pools, table), None
-
-    return _per_batch(args, build)
+    case.__name__ = f"case_{build.__name__}"
+    CASES.append(case)
+    return build
 
 
-def case_update_req_to_page(args):
-    def build(st, bs, rng):
-        _, pools, table, _ = _paged_inputs(rng, bs, _max_pages(st))
-        num = rng.integers(0, 3, size=bs).astype(np.int32)  # 0-2 new pages per request per step
-        starts = rng.integers(0, _max_pages(st) - 2, size=bs).astype(np.int32)
-        total = max(128, 1 << int(np.ceil(np.log2(max(2 * bs, 1)))))
-        pages = np.zeros(total, np.int32)
-        pages[: num.sum()] = rng.integers(1, 1 << 20, size=num.sum())
-        inputs = (table, pools, jnp.asarray(pages), jnp.asarray(num), jnp.asarray(starts))
-        return "update_req_to_page", f"0-2 pages/req M={_max_pages(st)}", pcl.update_req_to_page, inputs, 0
-
-    return _per_batch(args, build)
+@_case
+def compute_out_cache_loc_uniform(st, bs, rng):
+    _, pools, table, starts = _paged_inputs(rng, bs, _max_pages(st))
+    op = functools.partial(pcl.compute_out_cache_loc_uniform, page_size=PAGE_SIZE, uniform_input_length=UNIFORM)
+    return "compute_out_cache_loc_uniform", f"U={UNIFORM} P={PAGE_SIZE}", op, (starts, pools, table), None
 
 
-def case_rotate_input_ids(args):
-    def build(st, bs, rng):
-        seg = UNIFORM  # decode draft-extend window (N tokens per request)
-        ids = jnp.asarray(rng.integers(0, 128000, size=bs * seg).astype(np.int32))
-        starts = jnp.asarray((np.arange(bs) * seg).astype(np.int32))
-        lens = jnp.full((bs,), seg, jnp.int32)
-        topk = jnp.asarray(rng.integers(0, 128000, size=(bs, 1)).astype(np.int32))
-        select = starts + jnp.asarray(rng.integers(0, seg, size=bs).astype(np.int32))
-        return "rotate_input_ids", f"N={seg} select", mle.rotate_input_ids, (ids, starts, lens, topk, select), 0
-
-    return _per_batch(args, build)
+@_case
+def compute_out_cache_loc(st, bs, rng):
+    _, pools, table, starts = _paged_inputs(rng, bs, _max_pages(st))
+    lens = jnp.asarray(rng.integers(1, 2 * UNIFORM + 1, size=bs).astype(np.int32))
+    out_size = max(128, 1 << int(np.ceil(np.log2(bs * 2 * UNIFORM))))
+    op = functools.partial(pcl.compute_out_cache_loc, page_size=PAGE_SIZE, out_size=out_size)
+    return ("compute_out_cache_loc", f"ragged 1..{2 * UNIFORM} out={out_size}", op, (starts, lens, pools, table),
+            None)
 
 
-def case_assign_hidden_states_pool(args):
-    def build(st, bs, rng):
-        hidden_dim = HIDDEN if st["on_gpu"] else 96
-        seg = UNIFORM
-        num_rows = 2 * bs + 1
-        hidden = jnp.asarray(rng.standard_normal((bs * seg, hidden_dim), np.float32)).astype(jnp.bfloat16)
-        pool = jnp.zeros((num_rows, MTP_WIDTH, hidden_dim), jnp.bfloat16)
-        pools = jnp.asarray(rng.permutation(num_rows)[:bs].astype(np.int32))
-        starts = jnp.asarray((np.arange(bs) * seg).astype(np.int32))
-        lens = jnp.full((bs,), seg, jnp.int32)
-        return ("assign_hidden_states_pool", f"W={MTP_WIDTH} H={hidden_dim} bf16", mle.assign_hidden_states_pool,
-                (hidden, pools, pool, lens, starts), 2)
-
-    return _per_batch(args, build)
+@_case
+def fused_decode_input_prep(st, bs, rng):
+    num_rows, pools, table, starts = _paged_inputs(rng, bs, _max_pages(st))
+    vcl = jnp.zeros((num_rows,), jnp.int32).at[pools].set(starts)
+    op = functools.partial(pcl.fused_decode_input_prep, page_size=PAGE_SIZE, uniform_input_length=UNIFORM)
+    return "fused_decode_input_prep", f"U={UNIFORM} P={PAGE_SIZE}", op, (vcl, pools, table), None
 
 
-CASES = [
-    case_compute_out_cache_loc_uniform,
-    case_compute_out_cache_loc,
-    case_fused_decode_input_prep,
-    case_update_req_to_page,
-    case_rotate_input_ids,
-    case_assign_hidden_states_pool,
-]
+@_case
+def update_req_to_page(st, bs, rng):
+    _, pools, table, _ = _paged_inputs(rng, bs, _max_pages(st))
+    num = rng.integers(0, 3, size=bs).astype(np.int32)  # 0-2 new pages per request per step
+    starts = rng.integers(0, _max_pages(st) - 2, size=bs).astype(np.int32)
+    total = max(128, 1 << int(np.ceil(np.log2(max(2 * bs, 1)))))
+    pages = np.zeros(total, np.int32)
+    pages[: num.sum()] = rng.integers(1, 1 << 20, size=num.sum())
+    inputs = (table, pools, jnp.asarray(pages), jnp.asarray(num), jnp.asarray(starts))
+    return "update_req_to_page", f"0-2 pages/req M={_max_pages(st)}", pcl.update_req_to_page, inputs, 0
+
+
+@_case
+def rotate_input_ids(st, bs, rng):
+    seg = UNIFORM  # decode draft-extend window (N tokens per request)
+    ids = jnp.asarray(rng.integers(0, 128000, size=bs * seg).astype(np.int32))
+    starts = jnp.asarray((np.arange(bs) * seg).astype(np.int32))
+    lens = jnp.full((bs,), seg, jnp.int32)
+    topk = jnp.asarray(rng.integers(0, 128000, size=(bs, 1)).astype(np.int32))
+    select = starts + jnp.asarray(rng.integers(0, seg, size=bs).astype(np.int32))
+    return "rotate_input_ids", f"N={seg} select", mle.rotate_input_ids, (ids, starts, lens, topk, select), 0
+
+
+@_case
+def assign_hidden_states_pool(st, bs, rng):
+    hidden_dim = HIDDEN if st["on_gpu"] else 96
+    seg = UNIFORM
+    num_rows = 2 * bs + 1
+    hidden = jnp.asarray(rng.standard_normal((bs * seg, hidden_dim), np.float32)).astype(jnp.bfloat16)
+    pool = jnp.zeros((num_rows, MTP_WIDTH, hidden_dim), jnp.bfloat16)
+    pools = jnp.asarray(rng.permutation(num_rows)[:bs].astype(np.int32))
+    starts = jnp.asarray((np.arange(bs) * seg).astype(np.int32))
+    lens = jnp.full((bs,), seg, jnp.int32)
+    return ("assign_hidden_states_pool", f"W={MTP_WIDTH} H={hidden_dim} bf16", mle.assign_hidden_states_pool,
+            (hidden, pools, pool, lens, starts), 2)
+
+
 
 
 def main(argv=None):
