@@ -10,9 +10,15 @@
   included), blocking only at the end. For donating functions use ``wall_time_us_state``.
 * ``copy_ceiling_gbps(nbytes)``: device-to-device copy bandwidth (bytes read + written) of a plain XLA
   copy, measured in the same process: the ceiling the KV move is reported against.
+* ``best_block_wall_us(fn, calls, sync)``: wall time per call of any ``fn`` (JAX or torch), the best of
+  ``WALL_BLOCKS`` blocks of calls, synchronising with ``sync()`` once per block.
+* ``cupti_kernel_us(call)``: the sum of the GPU kernel durations per call, through CUPTI as jax's Mosaic GPU
+  extension exposes it (a ``jax._src`` API: None when unavailable).
 """
 
+import math
 import statistics
+import sys
 import time
 
 import jax
@@ -81,3 +87,56 @@ def copy_ceiling_gbps(nbytes: int, *, reps: int = 20):
 
     us, _ = device_time_us(step, x, reps=reps)
     return 2 * n * 4 / (us * 1e-6) / 1e9 if us > 0 else float("nan"), us
+
+
+WALL_BLOCKS = 4  # wall per call = the best of this many blocks of calls (the host is noisy: +-2x seen)
+
+
+def best_block_wall_us(fn, calls: int, sync) -> float:
+    """Wall time per call (us) of ``fn()``: one warm-up call, then the best of ``WALL_BLOCKS`` blocks of
+    ``calls / WALL_BLOCKS`` calls (one block when ``calls < WALL_BLOCKS``), ``sync()`` closing each block."""
+    fn()
+    sync()
+    per = max(1, calls // WALL_BLOCKS)
+    best = math.inf
+    for _ in range(WALL_BLOCKS if calls >= WALL_BLOCKS else 1):
+        t0 = time.perf_counter()
+        for _ in range(per):
+            fn()
+        sync()
+        best = min(best, (time.perf_counter() - t0) / per)
+    return best * 1e6
+
+
+def cupti_kernel_us(call, sync, iterations: int = 10):
+    """Sum of kernel durations per call (CUPTI through jax's Mosaic GPU extension); None if unavailable.
+    ``sync()`` waits for the whole device (e.g. ``torch.cuda.synchronize``)."""
+    try:
+        from jax._src.lib import mosaic_gpu as mgpu  # noqa: PLC0415 - optional, GPU-only
+    except Exception:  # noqa: BLE001
+        return None
+    ext = getattr(mgpu, "_mosaic_gpu_ext", None)
+    if ext is None or not hasattr(ext, "_cupti_init"):
+        return None
+    try:
+        sync()
+        ext._cupti_init()
+        try:
+            for _ in range(iterations):
+                call()
+            sync()
+        finally:
+            timings = ext._cupti_get_timings(True)
+    except Exception as e:  # noqa: BLE001
+        print(f"  (CUPTI timing unavailable: {e})", file=sys.stderr)
+        return None
+    if not timings:
+        return None
+    per_kernel = {}
+    for name, t in timings:
+        per_kernel[name] = per_kernel.get(name, 0.0) + t * 1e3 / iterations
+    cupti_kernel_us.last_top = sorted(per_kernel.items(), key=lambda kv: -kv[1])[:8]
+    cupti_kernel_us.last_count = len(timings) / iterations
+    return sum(t for _, t in timings) / iterations * 1e3  # ms -> us
+
+

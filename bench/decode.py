@@ -2,6 +2,7 @@
 host-driven (one jitted call per round), over batch sizes.
 
 ``python bench/decode.py [--device cpu|gpu] [--batch-sizes 1,8,32] [--max-new 128] [--json PATH]``
+(all flags: ``--help``).
 
 Reports generated tokens/s (wall time of the decode, prefill included, compile excluded; median over
 ``--repeats``), the mean accept length (tokens committed per verify round) and compile time.
@@ -15,25 +16,29 @@ speculative round ~0.3-0.4 ms (3 MTP forwards + verify + ops), so speculation pa
 on-device loop beats one jitted call per round by ~4-13x.
 """
 
-import argparse
 import json
 import os
 import statistics
 import sys
 import time
 
+import _cli
+
 
 def _parse(argv):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--device", choices=["cpu", "gpu"], default="cpu")
-    ap.add_argument("--batch-sizes", default="1,8,32")
-    ap.add_argument("--configs", default="plain,chain,tree")
-    ap.add_argument("--modes", default="loop,host")
-    ap.add_argument("--max-new", type=int, default=128)
-    ap.add_argument("--page-size", type=int, default=16)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--implementation", default="auto", help="kernel implementation (auto|reference|pallas)")
-    ap.add_argument("--json", default=None)
+    ap = _cli.parser("decode.py", __doc__)
+    ap.add_argument("--device", choices=["cpu", "gpu"], default="cpu", help="JAX platform to run on")
+    ap.add_argument("--batch-sizes", default="1,8,32", help="comma list of batch sizes")
+    ap.add_argument("--configs", default="plain,chain,tree",
+                    help="comma list: plain (no speculation), chain (S3 K1 N4), tree (S3 K2 N6)")
+    ap.add_argument("--modes", default="loop,host",
+                    help="comma list: loop (on-device while_loop), host (one jitted call per round)")
+    ap.add_argument("--max-new", type=int, default=128, help="tokens generated per request")
+    ap.add_argument("--page-size", type=int, default=16, help="KV page size (tokens)")
+    ap.add_argument("--repeats", type=int, default=3, help="timed runs per case (the median is reported)")
+    ap.add_argument("--implementation", default="auto", choices=["auto", "reference", "pallas"],
+                    help="kernel implementation")
+    ap.add_argument("--json", default=None, help="write the rows as JSON to this path")
     return ap.parse_args(argv)
 
 

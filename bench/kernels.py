@@ -9,33 +9,29 @@ CPU smoke test (interpret mode, tiny sizes; timings meaningless):
 
     python bench/kernels.py --interpret --small
 
-Extension point: if ``bench/kernels_paged.py`` exists and defines ``CASES``, a list of callables
-``case(ctx: BenchContext) -> list[dict]``, their rows are appended to the table (same column names; any
-missing column prints as "-"). ``BenchContext`` carries ``interpret``, ``small``, ``reps`` and the
+The TokenSpeed paged cache-location and MTP helper cases come from ``bench/kernels_paged.py``: its
+``CASES``, a list of callables ``case(ctx: BenchContext) -> list[dict]``, append rows to the table (same
+column names; any missing column prints as "-"). ``BenchContext`` carries ``interpret``, ``small``, ``reps`` and the
 helpers ``check_equal``, ``time_op`` (see below) so cases stay a few lines each.
 """
 
-import argparse
 import dataclasses
-import importlib.util
 import json
-import os
 import sys
 import traceback
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-
-import _timing  # noqa: E402
+import _cli  # bench/ is a folder of scripts: its siblings import from the script's own directory
+import _timing
+import kernels_paged
+from jaxspec.kernels import cache_locs as C
+from jaxspec.kernels import kv_move as M
+from jaxspec.testing import random_accept_index
 
 UNROLL = 25  # cache-location ops per timing-loop trip (one XLA:GPU loop trip costs ~10 us on the H200)
-from jaxspec.kernels import cache_locs as C  # noqa: E402
-from jaxspec.kernels import kv_move as M  # noqa: E402
-from jaxspec.testing import random_accept_index
 
 COLUMNS = ["kernel", "case", "bs", "locs", "check", "pallas_gpu_us", "ref_gpu_us", "speedup",
            "pallas_wall_us", "ref_wall_us", "GB/s", "%copy", "config"]
@@ -241,24 +237,14 @@ def print_table(rows):
         print("  ".join(x.ljust(w) for x, w in zip(t, widths)))
 
 
-def load_extra_cases():
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kernels_paged.py")
-    if not os.path.exists(path):
-        return []
-    spec = importlib.util.spec_from_file_location("bench_kernels_paged", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return list(getattr(mod, "CASES", []))
-
-
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = _cli.parser("kernels.py", __doc__)
     p.add_argument("--interpret", action="store_true", help="Pallas interpret mode (CPU smoke test)")
     p.add_argument("--small", action="store_true", help="tiny sizes (smoke test)")
     p.add_argument("--json", default=None, help="write rows as JSON to this path")
     p.add_argument("--reps", type=int, default=None, help="repetitions inside one jit (default 50; 3 with --small)")
-    p.add_argument("--skip-move", action="store_true")
-    p.add_argument("--skip-cache-locs", action="store_true")
+    p.add_argument("--skip-move", action="store_true", help="skip the KV-move kernels")
+    p.add_argument("--skip-cache-locs", action="store_true", help="skip the cache-location kernels")
     p.add_argument("--move-configs", default="16x1,32x1,8x2,16x2,8x4",
                    help="KV-move MoveConfig sweep as ROWSxWARPS,... (fewer = faster GPU run)")
     p.add_argument("--span-modes", default="par,seq", help="span modes of the generic move: par,seq")
@@ -294,7 +280,7 @@ def main(argv=None):
                 seen.add(key)
                 kept.append(r)
         rows += kept
-    for case in ([] if args.no_extra else load_extra_cases()):
+    for case in ([] if args.no_extra else kernels_paged.CASES):
         try:
             rows += case(ctx)
         except Exception as e:

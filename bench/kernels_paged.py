@@ -17,9 +17,7 @@ cost ~10 us on the H200 (measured: 15 us/op rolled vs 3-5 us/op with 25 ops unro
 test: timings there mean nothing). ``python bench/kernels_paged.py [--device cpu]`` runs it alone.
 """
 
-import argparse
-import os
-import sys
+import functools
 import time
 
 import jax
@@ -27,10 +25,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+import _cli  # bench/ is a folder of scripts: its siblings import from the script's own directory
+import _timing
 from jaxspec.kernels import _backend
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import _timing  # noqa: E402  (bench/ is a folder of scripts, not a package)
 from jaxspec.kernels import multi_layer_eagle as mle
 from jaxspec.kernels import paged_cache_locs as pcl
 
@@ -153,142 +150,106 @@ def _max_pages(st):
 # ------------------------------------------------------------------------------------------------
 
 
-def case_compute_out_cache_loc_uniform(args):
+def _per_batch(args, build):
+    """One row per batch size: ``build(st, bs, rng) -> (name, shape, op, inputs, carry_index)``; ``op`` is the
+    public function (static arguments bound with ``functools.partial``), run with each ``implementation``."""
     st = _settings(args)
     rows = []
     for bs in st["batch_sizes"]:
-        rng = np.random.default_rng(bs)
-        _, pools, table, starts = _paged_inputs(rng, bs, _max_pages(st))
+        name, shape, op, inputs, carry_index = build(st, bs, np.random.default_rng(bs))
 
-        def make(impl):
-            return lambda cs, p, t: pcl.compute_out_cache_loc_uniform(
-                cs, p, t, page_size=PAGE_SIZE, uniform_input_length=UNIFORM, implementation=impl,
-                interpret=st["interpret"])
+        def make(impl, op=op):
+            return functools.partial(op, implementation=impl, interpret=st["interpret"])
 
-        rows.append(_run_case("compute_out_cache_loc_uniform", bs, f"U={UNIFORM} P={PAGE_SIZE}", make,
-                              (starts, pools, table), st))
+        rows.append(_run_case(name, bs, shape, make, inputs, st, carry_index=carry_index))
     return rows
 
 
-def case_compute_out_cache_loc(args):
-    st = _settings(args)
-    rows = []
-    for bs in st["batch_sizes"]:
-        rng = np.random.default_rng(bs)
-        _, pools, table, starts = _paged_inputs(rng, bs, _max_pages(st))
-        lens = jnp.asarray(rng.integers(1, 2 * UNIFORM + 1, size=bs).astype(np.int32))
-        out_size = max(128, 1 << int(np.ceil(np.log2(bs * 2 * UNIFORM))))
-
-        def make(impl):
-            return lambda cs, n, p, t: pcl.compute_out_cache_loc(
-                cs, n, p, t, page_size=PAGE_SIZE, out_size=out_size, implementation=impl,
-                interpret=st["interpret"])
-
-        rows.append(_run_case("compute_out_cache_loc", bs, f"ragged 1..{2 * UNIFORM} out={out_size}", make,
-                              (starts, lens, pools, table), st))
-    return rows
+CASES = []  # callables case(args) -> rows, in table order (bench/kernels.py appends their rows)
 
 
-def case_fused_decode_input_prep(args):
-    st = _settings(args)
-    rows = []
-    for bs in st["batch_sizes"]:
-        rng = np.random.default_rng(bs)
-        num_rows, pools, table, starts = _paged_inputs(rng, bs, _max_pages(st))
-        vcl = jnp.zeros((num_rows,), jnp.int32).at[pools].set(starts)
+def _case(build):
+    """Register ``build(st, bs, rng) -> (name, shape, op, inputs, carry_index)`` as a ``CASES`` entry."""
 
-        def make(impl):
-            return lambda v, p, t: pcl.fused_decode_input_prep(
-                v, p, t, page_size=PAGE_SIZE, uniform_input_length=UNIFORM, implementation=impl,
-                interpret=st["interpret"])
+    def case(args):
+        return _per_batch(args, build)
 
-        rows.append(_run_case("fused_decode_input_prep", bs, f"U={UNIFORM} P={PAGE_SIZE}", make,
-                              (vcl, pools, table), st))
-    return rows
+    case.__name__ = f"case_{build.__name__}"
+    CASES.append(case)
+    return build
 
 
-def case_update_req_to_page(args):
-    st = _settings(args)
-    rows = []
-    for bs in st["batch_sizes"]:
-        rng = np.random.default_rng(bs)
-        _, pools, table, _ = _paged_inputs(rng, bs, _max_pages(st))
-        num = rng.integers(0, 3, size=bs).astype(np.int32)  # 0-2 new pages per request per step
-        starts = rng.integers(0, _max_pages(st) - 2, size=bs).astype(np.int32)
-        total = max(128, 1 << int(np.ceil(np.log2(max(2 * bs, 1)))))
-        pages = np.zeros(total, np.int32)
-        pages[: num.sum()] = rng.integers(1, 1 << 20, size=num.sum())
-
-        def make(impl):
-            return lambda t, p, pg, n, s: pcl.update_req_to_page(t, p, pg, n, s, implementation=impl,
-                                                                 interpret=st["interpret"])
-
-        rows.append(_run_case("update_req_to_page", bs, f"0-2 pages/req M={_max_pages(st)}", make,
-                              (table, pools, jnp.asarray(pages), jnp.asarray(num), jnp.asarray(starts)), st,
-                              carry_index=0))
-    return rows
+@_case
+def compute_out_cache_loc_uniform(st, bs, rng):
+    _, pools, table, starts = _paged_inputs(rng, bs, _max_pages(st))
+    op = functools.partial(pcl.compute_out_cache_loc_uniform, page_size=PAGE_SIZE, uniform_input_length=UNIFORM)
+    return "compute_out_cache_loc_uniform", f"U={UNIFORM} P={PAGE_SIZE}", op, (starts, pools, table), None
 
 
-def case_rotate_input_ids(args):
-    st = _settings(args)
-    rows = []
-    for bs in st["batch_sizes"]:
-        rng = np.random.default_rng(bs)
-        seg = UNIFORM  # decode draft-extend window (N tokens per request)
-        ids = jnp.asarray(rng.integers(0, 128000, size=bs * seg).astype(np.int32))
-        starts = jnp.asarray((np.arange(bs) * seg).astype(np.int32))
-        lens = jnp.full((bs,), seg, jnp.int32)
-        topk = jnp.asarray(rng.integers(0, 128000, size=(bs, 1)).astype(np.int32))
-        select = starts + jnp.asarray(rng.integers(0, seg, size=bs).astype(np.int32))
-
-        def make(impl):
-            return lambda i, s, n, k, sel: mle.rotate_input_ids(i, s, n, k, sel, implementation=impl,
-                                                                interpret=st["interpret"])
-
-        rows.append(_run_case("rotate_input_ids", bs, f"N={seg} select", make, (ids, starts, lens, topk, select),
-                              st, carry_index=0))
-    return rows
+@_case
+def compute_out_cache_loc(st, bs, rng):
+    _, pools, table, starts = _paged_inputs(rng, bs, _max_pages(st))
+    lens = jnp.asarray(rng.integers(1, 2 * UNIFORM + 1, size=bs).astype(np.int32))
+    out_size = max(128, 1 << int(np.ceil(np.log2(bs * 2 * UNIFORM))))
+    op = functools.partial(pcl.compute_out_cache_loc, page_size=PAGE_SIZE, out_size=out_size)
+    return ("compute_out_cache_loc", f"ragged 1..{2 * UNIFORM} out={out_size}", op, (starts, lens, pools, table),
+            None)
 
 
-def case_assign_hidden_states_pool(args):
-    st = _settings(args)
+@_case
+def fused_decode_input_prep(st, bs, rng):
+    num_rows, pools, table, starts = _paged_inputs(rng, bs, _max_pages(st))
+    vcl = jnp.zeros((num_rows,), jnp.int32).at[pools].set(starts)
+    op = functools.partial(pcl.fused_decode_input_prep, page_size=PAGE_SIZE, uniform_input_length=UNIFORM)
+    return "fused_decode_input_prep", f"U={UNIFORM} P={PAGE_SIZE}", op, (vcl, pools, table), None
+
+
+@_case
+def update_req_to_page(st, bs, rng):
+    _, pools, table, _ = _paged_inputs(rng, bs, _max_pages(st))
+    num = rng.integers(0, 3, size=bs).astype(np.int32)  # 0-2 new pages per request per step
+    starts = rng.integers(0, _max_pages(st) - 2, size=bs).astype(np.int32)
+    total = max(128, 1 << int(np.ceil(np.log2(max(2 * bs, 1)))))
+    pages = np.zeros(total, np.int32)
+    pages[: num.sum()] = rng.integers(1, 1 << 20, size=num.sum())
+    inputs = (table, pools, jnp.asarray(pages), jnp.asarray(num), jnp.asarray(starts))
+    return "update_req_to_page", f"0-2 pages/req M={_max_pages(st)}", pcl.update_req_to_page, inputs, 0
+
+
+@_case
+def rotate_input_ids(st, bs, rng):
+    seg = UNIFORM  # decode draft-extend window (N tokens per request)
+    ids = jnp.asarray(rng.integers(0, 128000, size=bs * seg).astype(np.int32))
+    starts = jnp.asarray((np.arange(bs) * seg).astype(np.int32))
+    lens = jnp.full((bs,), seg, jnp.int32)
+    topk = jnp.asarray(rng.integers(0, 128000, size=(bs, 1)).astype(np.int32))
+    select = starts + jnp.asarray(rng.integers(0, seg, size=bs).astype(np.int32))
+    return "rotate_input_ids", f"N={seg} select", mle.rotate_input_ids, (ids, starts, lens, topk, select), 0
+
+
+@_case
+def assign_hidden_states_pool(st, bs, rng):
     hidden_dim = HIDDEN if st["on_gpu"] else 96
-    rows = []
-    for bs in st["batch_sizes"]:
-        rng = np.random.default_rng(bs)
-        seg = UNIFORM
-        num_rows = 2 * bs + 1
-        hidden = jnp.asarray(rng.standard_normal((bs * seg, hidden_dim), np.float32)).astype(jnp.bfloat16)
-        pool = jnp.zeros((num_rows, MTP_WIDTH, hidden_dim), jnp.bfloat16)
-        pools = jnp.asarray(rng.permutation(num_rows)[:bs].astype(np.int32))
-        starts = jnp.asarray((np.arange(bs) * seg).astype(np.int32))
-        lens = jnp.full((bs,), seg, jnp.int32)
-
-        def make(impl):
-            return lambda h, p, pl_, n, s: mle.assign_hidden_states_pool(h, p, pl_, n, s, implementation=impl,
-                                                                         interpret=st["interpret"])
-
-        rows.append(_run_case("assign_hidden_states_pool", bs, f"W={MTP_WIDTH} H={hidden_dim} bf16", make,
-                              (hidden, pools, pool, lens, starts), st, carry_index=2))
-    return rows
+    seg = UNIFORM
+    num_rows = 2 * bs + 1
+    hidden = jnp.asarray(rng.standard_normal((bs * seg, hidden_dim), np.float32)).astype(jnp.bfloat16)
+    pool = jnp.zeros((num_rows, MTP_WIDTH, hidden_dim), jnp.bfloat16)
+    pools = jnp.asarray(rng.permutation(num_rows)[:bs].astype(np.int32))
+    starts = jnp.asarray((np.arange(bs) * seg).astype(np.int32))
+    lens = jnp.full((bs,), seg, jnp.int32)
+    return ("assign_hidden_states_pool", f"W={MTP_WIDTH} H={hidden_dim} bf16", mle.assign_hidden_states_pool,
+            (hidden, pools, pool, lens, starts), 2)
 
 
-CASES = [
-    case_compute_out_cache_loc_uniform,
-    case_compute_out_cache_loc,
-    case_fused_decode_input_prep,
-    case_update_req_to_page,
-    case_rotate_input_ids,
-    case_assign_hidden_states_pool,
-]
 
 
-def main():
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--device", choices=("cuda", "cpu"), default=None)
-    p.add_argument("--batch-sizes", default=None)
-    p.add_argument("--quick", action="store_true")
-    args = p.parse_args()
+def main(argv=None):
+    p = _cli.parser("kernels_paged.py", __doc__)
+    p.add_argument("--device", choices=("cuda", "cpu"), default=None,
+                   help="cpu: Pallas interpret mode, small sizes (default: cuda when jax sees a GPU)")
+    p.add_argument("--batch-sizes", default=None, help="comma list (default 1,16,64,256; small on cpu)")
+    p.add_argument("--quick", action="store_true", help="fewer repetitions")
+    args = p.parse_args(argv)
     cols = ["kernel", "case", "bs", "check", "pallas_gpu_us", "ref_gpu_us", "speedup", "pallas_wall_us",
             "ref_wall_us"]
     print(" | ".join(cols))

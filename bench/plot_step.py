@@ -1,10 +1,15 @@
 """Plot bench/step.py results: latency per step vs batch size (log-log), one panel per config.
 
-Usage: ``python bench/plot_step.py RESULT.json OUT.png`` (``bench/step.py --png`` calls :func:`plot`).
+Reads the JSON that `python bench/step.py --json RESULT.json` writes (bench/step.py --png calls plot()
+directly). The y axis spans the measured series only; the physical floor (bytes / copy bandwidth) is
+drawn where it falls inside that range, and a floor far below it is stated in the panel instead of
+stretching the axis over decades.
 """
 
 import json
 import sys
+
+import _cli
 
 SERIES = (  # (row key, label, style)
     ("ours_wall_us", "jaxspec wall / call", dict(color="tab:blue", marker="o", ls="-")),
@@ -17,7 +22,8 @@ SERIES = (  # (row key, label, style)
 )
 
 
-def plot(result: dict, path: str) -> None:
+def plot(result: dict, path: str) -> list[tuple[float, float]]:
+    """Write the figure to ``path``; returns each panel's y range (us)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -29,13 +35,21 @@ def plot(result: dict, path: str) -> None:
     for ax, cfg in zip(axes[0], configs):
         sub = sorted((r for r in rows if r["config"] == cfg), key=lambda r: r["bs"])
         r0 = sub[0]
+        measured = [r[k] for r in sub for k, _, _ in SERIES if k != "floor_us" and r.get(k) is not None and r[k] > 0]
+        lo, hi = (min(measured) / 1.5, max(measured) * 1.5) if measured else (None, None)
         for key, label, style in SERIES:
             pts = [(r["bs"], r[key]) for r in sub if r.get(key) is not None and r[key] > 0]
+            if key == "floor_us" and lo is not None and pts and max(y for _, y in pts) < lo:
+                ax.text(0.02, 0.02, f"physical floor <= {max(y for _, y in pts):.2g} us (below this axis)",
+                        transform=ax.transAxes, fontsize=7)
+                continue
             if pts:
                 xs, ys = zip(*pts)
                 ax.plot(xs, ys, label=label, **style)
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
+        if lo is not None:
+            ax.set_ylim(lo, hi)  # the measured series decide the range; the floor is clipped to it
         ax.set_xticks([r["bs"] for r in sub])
         ax.set_xticklabels([str(r["bs"]) for r in sub])
         ax.set_xlabel("batch size")
@@ -51,15 +65,17 @@ def plot(result: dict, path: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+    return [ax.get_ylim() for ax in axes[0]]
 
 
 def main(argv=None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if len(argv) != 2:
-        print(__doc__, file=sys.stderr)
-        return 2
-    with open(argv[0]) as f:
-        plot(json.load(f), argv[1])
+    ap = _cli.parser("plot_step.py", __doc__)
+    ap.add_argument("result", help="JSON written by `python bench/step.py --json RESULT.json`")
+    ap.add_argument("out", help="PNG to write")
+    args = ap.parse_args(argv)
+    with open(args.result) as f:
+        plot(json.load(f), args.out)
+    print(f"wrote {args.out}")
     return 0
 
 

@@ -14,7 +14,10 @@ platform.md, "SGLang's CUDA spec kernels on the H200"), without importing sglang
 
 Inputs come from ``python -m jaxspec.interop.fetch --cuda`` (the .cuh files and their header closure,
 8 FlashInfer 0.7.2 headers, the apache-tvm-ffi 0.1.11 cp312 wheel, installed on first use with
-``pip install --no-index --no-deps --target <build dir>/tvm_ffi_site`` unless ``tvm_ffi`` is importable).
+``pip install --no-index --no-deps --require-hashes --target <build dir>/tvm_ffi_site`` unless ``tvm_ffi`` is
+importable). Before anything is compiled, every file in the include directories and every source must
+match its sha256 in ``jaxspec.interop.pins`` (an unpinned extra file is refused too: it could shadow a
+system header), and the tvm-ffi wheel must match its pinned hash.
 ``CUDA_HOME`` (or ``CUDA_PATH``) should be set explicitly: SGLang derives it wrongly when ``nvcc`` is a
 wrapper script; we fall back to ``/usr/local/cuda`` and say so. Builds are cached under
 ``$JAXSPEC_CUDA_BUILD`` (default ``~/.cache/jaxspec/cuda_build``), keyed by a hash of the wrapper, the
@@ -25,6 +28,7 @@ flags and every header. Every failure raises ``CudaOriginalsError`` with the com
 The CPU path never imports this module (only the harness's ``@cuda`` entries do, on ``--device cuda``).
 """
 
+import argparse
 import functools
 import hashlib
 import math
@@ -33,9 +37,11 @@ import pathlib
 import shutil
 import subprocess
 import sys
+import tempfile
 import uuid
 
 from jaxspec.interop import originals as _orig
+from jaxspec.interop import pins
 
 __all__ = [
     "CudaOriginalsError",
@@ -99,10 +105,19 @@ def _tvm_ffi():
             f"tvm_ffi is not importable and no {key} wheel under {_orig.originals_root() / key}; "
             f"run `python -m jaxspec.interop.fetch --cuda`"
         )
+    wheel = wheels[0]
+    pin = pins.WHEELS[pins.TVM_FFI].get(wheel.name)
+    if pin is None:
+        raise pins.PinMismatch(f"{wheel}: not one of the pinned tvm-ffi wheels {sorted(pins.WHEELS[pins.TVM_FFI])}")
+    pins.check_file(wheel, pin)
     site = _build_root() / f"tvm_ffi_site-{_orig.TVM_FFI[1]}"
     if not (site / "tvm_ffi").is_dir():
-        cmd = [sys.executable, "-m", "pip", "install", "--no-index", "--no-deps", "--target", str(site), str(wheels[0])]
-        _run(cmd, "installing the tvm-ffi wheel")
+        with tempfile.TemporaryDirectory() as tmp:
+            req = pathlib.Path(tmp) / "requirements.txt"
+            req.write_text(f"{wheel} --hash=sha256:{pin}\n")
+            cmd = [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--require-hashes",
+                   "--target", str(site), "-r", str(req)]
+            _run(cmd, "installing the tvm-ffi wheel")
     sys.path.insert(0, str(site))
     try:
         import tvm_ffi
@@ -143,11 +158,23 @@ def _require_dir(p: pathlib.Path) -> pathlib.Path:
     return p
 
 
+def verify_include_dir(dist_version: tuple[str, str], rel: str) -> pathlib.Path:
+    """``.originals/<dist>-<version>/<rel>`` after checking every file under it against its pin.
+
+    A modified file, or any file without a pin (it could shadow a header nvcc would otherwise find
+    elsewhere), raises ``pins.PinMismatch`` naming it."""
+    root = _require_dir(_orig.original_path(*dist_version, rel))
+    base = _orig.original_path(*dist_version, "")
+    for f in sorted(root.rglob("*")):
+        if f.is_file() or f.is_symlink():
+            _orig.require(*dist_version, f.relative_to(base).as_posix())
+    return root
+
+
 def _build(name: str, cuda_files: list[str], wrappers: list[tuple[str, str]], flashinfer: bool):
-    jit = _require_dir(_orig.original_path(*_orig.SGLANG, _JIT))
-    includes = [_require_dir(jit / "include")]
+    includes = [verify_include_dir(_orig.SGLANG, f"{_JIT}/include")]
     if flashinfer:
-        includes.append(_require_dir(_orig.original_path(*_orig.FLASHINFER, _orig.FLASHINFER_INCLUDE)))
+        includes.append(verify_include_dir(_orig.FLASHINFER, _orig.FLASHINFER_INCLUDE))
     sources = [_orig.require(*_orig.SGLANG, f"{_JIT}/csrc/{f}") for f in cuda_files]
     tvm = _tvm_ffi()
     from tvm_ffi.libinfo import find_dlpack_include_path, find_include_path, find_libtvm_ffi
@@ -242,12 +269,24 @@ def tree_speculative_sampling_target_only(predicts, accept_index, accept_token_n
                   draft_probs, float(threshold_single), float(threshold_acc))
 
 
-def main() -> int:
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="python -m jaxspec.interop.cuda_originals",
+        description="Compile (or load from the build cache) SGLang 0.5.23's JIT CUDA speculative kernels "
+                    "(tree.cuh: build_tree_kernel_efficient, verify_tree_greedy; sampling.cuh: "
+                    "tree_speculative_sampling_target_only<4, true>) from the pinned files under .originals/ "
+                    "and print where the modules are. GPU only: needs nvcc (CUDA_HOME), a CUDA device and "
+                    "`python -m jaxspec.interop.fetch --cuda` beforehand.",
+        epilog="Environment: CUDA_HOME / CUDA_PATH (toolkit root), JAXSPEC_CUDA_BUILD (build cache, default "
+               "~/.cache/jaxspec/cuda_build), JAXSPEC_ORIGINALS (the extracted files).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    ap.parse_args(argv)
     try:
         for what, get in (("tree", tree_module), ("sampling<4,true>", lambda: sampling_module(4, True))):
             m = get()
             print(f"[cuda_originals] {what}: loaded {m}")
-    except (CudaOriginalsError, _orig.OriginalsMissing) as e:
+    except (CudaOriginalsError, _orig.OriginalsMissing, pins.PinMismatch) as e:
         print(f"[cuda_originals] FAILED: {e}", file=sys.stderr)
         return 1
     return 0

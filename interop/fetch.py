@@ -1,63 +1,61 @@
-"""Download the pinned upstream wheels and extract only the original kernel files jaxspec compares against.
+"""Download the pinned upstream wheels and extract the original kernel files jaxspec compares against.
 
-Usage::
+Every wheel must have one of the sha256 digests pinned in ``jaxspec.interop.pins`` (checked before the
+zip is opened; pip downloads with ``--require-hashes``), every extracted file must match its own pin,
+and every entry name must stay inside ``<dest>/<dist>-<version>/``. A mismatch is an error naming the
+file and both hashes.
 
-    python -m jaxspec.interop.fetch [--dest .originals] [--cache DIR] [--find-links DIR ...] [--cuda]
+Wheels come from the ``--find-links`` directories and the cache (default ``~/.cache/jaxspec/wheels``)
+first, so an offline machine works when the wheels are on disk, else from PyPI (``pip download
+--no-deps``; sglang is binary-only and platform-specific: any pinned x86_64 cp311/cp312 build carries
+the same files). Files go to ``<dest>/<dist>-<version>/<path in wheel>``; ``<dest>/manifest.json``
+records what was fetched (a record, never trusted). Re-running is idempotent: files that match their
+pins are left alone, a modified file is reported and replaced from the verified wheel.
 
-* Wheels are fetched with ``pip download --no-deps`` (binary only for sglang, whose wheels are
-  platform-specific; any manylinux cp311/cp312 build carries identical .py files) into a cache
-  outside the repo (default ``~/.cache/jaxspec/wheels``); ``--find-links`` directories holding the
-  wheels are used first, so an offline box works when the wheels are on disk.
-* Only the files named in ``jaxspec.interop.originals`` are extracted, to
-  ``<dest>/<dist>-<version>/<path in wheel>``, with ``<dest>/manifest.json`` recording the sha256 of
-  each. Re-running is idempotent: when every file is present and matches the manifest nothing is
-  downloaded.
-* ``--cuda`` also extracts what the GPU needs to compile SGLang 0.5.23's JIT CUDA tree/sampling
-  kernels: the ``tree.cuh``/``sampling.cuh`` sources and the closure of headers they ``#include`` from
-  the sglang wheel, the FlashInfer headers of that closure from ``flashinfer-python==0.7.2``, and the
-  ``apache-tvm-ffi==0.1.11`` cp312 manylinux wheel, kept as a wheel file (install it on the GPU box with
-  ``pip install --no-index --no-deps --target DIR <wheel>``). About 5 MB in all.
+``--cuda`` also extracts what the GPU needs to compile SGLang 0.5.23's JIT CUDA tree/sampling kernels
+(``pins.CUDA_FILES``: the ``.cuh`` sources and their header closure, 8 FlashInfer 0.7.2 headers) and
+keeps the apache-tvm-ffi 0.1.11 cp312 wheel whole (``cuda_originals`` installs it). About 5 MB in all.
 
 Nothing extracted here is committed (``.originals/`` is git-ignored). No torch/triton needed.
 """
 
 import argparse
-import hashlib
 import json
-import os
 import pathlib
-import re
+import posixpath
 import shutil
 import subprocess
 import sys
+import tempfile
 import zipfile
 
-from jaxspec.interop import originals as _orig
+from jaxspec.interop import originals, pins
 
 MANIFEST = "manifest.json"
-_INCLUDE_RE = re.compile(r'^\s*#\s*include\s*[<"]([^>"]+)[>"]', re.M)
+DEFAULT_CACHE = pathlib.Path.home() / ".cache" / "jaxspec" / "wheels"
+
+# pip's tag options for a cp312 manylinux x86_64 wheel, used when the host interpreter's own tags match no
+# pinned wheel (e.g. Python 3.13 fetching sglang, or any host fetching the cp312 tvm-ffi wheel).
+_CP312_TAGS = ["--platform", "manylinux_2_28_x86_64", "--platform", "manylinux_2_34_x86_64",
+               "--platform", "manylinux2014_x86_64", "--python-version", "3.12", "--implementation", "cp",
+               "--abi", "cp312", "--abi", "abi3"]
 
 
-def _sha256(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
-def _norm(dist: str) -> str:
-    return re.sub(r"[-_.]+", "_", dist).lower()
+class UnsafeEntry(ValueError):
+    """A wheel entry name that would be written outside the destination directory."""
 
 
 def required_files(cuda: bool = False) -> dict[tuple[str, str], set[str]]:
-    """(dist, version) -> wheel paths, from the originals table (the CUDA closure is added at extraction)."""
+    """(dist, version) -> wheel paths to extract: the originals table's files (+ ``pins.CUDA_FILES``)."""
     need: dict[tuple[str, str], set[str]] = {}
-    for o in _orig.ORIGINALS.values():
-        if o.kind == "cuda":
-            continue
-        need.setdefault((o.dist, o.version), set()).add(o.path)
-    for dv, paths in _orig.SUPPORT_FILES.items():
+    for o in originals.ORIGINALS.values():
+        if o.kind != "cuda":
+            need.setdefault((o.dist, o.version), set()).add(o.path)
+    for dv, paths in originals.SUPPORT_FILES.items():
         need.setdefault(dv, set()).update(paths)
     if cuda:
-        for dv, paths in _orig.CUDA_SOURCES.items():
-            need.setdefault(dv, set()).update(paths)
+        for dv, files in pins.CUDA_FILES.items():
+            need.setdefault(dv, set()).update(files)
     return need
 
 
@@ -65,213 +63,150 @@ def required_files(cuda: bool = False) -> dict[tuple[str, str], set[str]]:
 # wheels
 
 
-def _find_wheel(dist: str, version: str, dirs: list[pathlib.Path], tag_filter=None) -> pathlib.Path | None:
-    prefix = f"{_norm(dist)}-{version}-"
-    for d in dirs:
-        if not d.is_dir():
-            continue
-        for w in sorted(d.glob("*.whl")):
-            if w.name.lower().startswith(prefix) and (tag_filter is None or tag_filter(w.name)):
-                return w
-    return None
-
-
-def _pip_download(dist: str, version: str, cache: pathlib.Path, find_links: list[pathlib.Path], extra: list[str]):
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-d", str(cache)]
-    for fl in find_links:
-        cmd += ["--find-links", str(fl)]
-    cmd += extra + [f"{dist}=={version}"]
-    print(f"[fetch] {' '.join(cmd)}", flush=True)
-    r = subprocess.run(cmd, capture_output=True, text=True)
+def _pip_download(dist: str, version: str, cache: pathlib.Path, find_links: list[pathlib.Path], tags: list[str]):
+    with tempfile.TemporaryDirectory() as tmp:
+        req = pathlib.Path(tmp) / "requirements.txt"
+        req.write_text(pins.requirement_line(dist, version) + "\n")
+        cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
+               "--require-hashes", "-r", str(req), "-d", str(cache)]
+        for fl in find_links:
+            cmd += ["--find-links", str(fl)]
+        r = subprocess.run(cmd + tags, capture_output=True, text=True)
     if r.returncode != 0:
         raise RuntimeError(f"pip download {dist}=={version} failed:\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}")
 
 
-def _sglang_tags(name: str) -> bool:
-    return ("cp311" in name or "cp312" in name) and "manylinux" in name and "x86_64" in name
+def _local_wheel(dist: str, version: str, dirs: list[pathlib.Path]) -> pathlib.Path | None:
+    """The first pinned wheel file found in ``dirs``, verified; ``PinMismatch`` if its bytes differ."""
+    for d in dirs:
+        for name, pin in pins.WHEELS[(dist, version)].items():
+            w = d / name
+            if w.is_file():
+                pins.check_bytes(w.read_bytes(), pin, w)
+                return w
+    return None
 
 
-def _tvm_tags(name: str) -> bool:
-    return ("cp312" in name) and "manylinux" in name and "x86_64" in name
+def verified_wheel(dist: str, version: str, cache: pathlib.Path, find_links: list[pathlib.Path]) -> pathlib.Path:
+    """A local wheel of ``dist==version`` whose sha256 is pinned, downloading it into ``cache`` if needed.
 
-
-def wheel_for(dist: str, version: str, cache: pathlib.Path, find_links: list[pathlib.Path]) -> pathlib.Path:
-    """A local wheel for (dist, version), downloading it into ``cache`` if none is found."""
-    tag_filter = _sglang_tags if dist == "sglang" else (_tvm_tags if dist == "apache-tvm-ffi" else None)
-    dirs = [cache, *find_links]
-    w = _find_wheel(dist, version, dirs, tag_filter)
+    A wheel on disk under a pinned name but with other bytes raises ``PinMismatch`` (never extracted)."""
+    dirs = [*find_links, cache]
+    w = _local_wheel(dist, version, dirs)
     if w is not None:
         return w
     cache.mkdir(parents=True, exist_ok=True)
-    attempts: list[list[str]] = [[]]
-    if dist in ("sglang", "apache-tvm-ffi"):
-        # pick a cp312 manylinux build explicitly when the host interpreter's tags do not match one
-        attempts = [] if dist == "apache-tvm-ffi" else [[]]
-        attempts.append(
-            ["--platform", "manylinux_2_28_x86_64", "--platform", "manylinux_2_34_x86_64",
-             "--python-version", "3.12", "--implementation", "cp", "--abi", "cp312", "--abi", "abi3"]
-        )
     err = None
-    for extra in attempts:
+    for tags in ([], _CP312_TAGS):
         try:
-            _pip_download(dist, version, cache, find_links, extra)
-        except RuntimeError as e:  # try the next tag set
+            _pip_download(dist, version, cache, find_links, tags)
+        except RuntimeError as e:  # the host's tags match no pinned wheel: try the cp312 tag set
             err = e
             continue
-        w = _find_wheel(dist, version, [cache], tag_filter)
+        w = _local_wheel(dist, version, [cache])
         if w is not None:
             return w
-    raise RuntimeError(f"no usable wheel for {dist}=={version} (cache {cache}); last error: {err}")
+    raise RuntimeError(f"no pinned wheel for {dist}=={version} (cache {cache}); last error: {err}")
 
 
 # ----------------------------------------------------------------------------------------------------
 # extraction
 
 
-def _include_closure(zf: zipfile.ZipFile, roots: list[str], include_dirs: list[str]) -> set[str]:
-    """Wheel paths of ``roots`` plus every header they (transitively) include that lies in ``include_dirs``.
+def safe_target(root: pathlib.Path, name: str) -> pathlib.Path:
+    """``root / name`` for a relative, normalised entry name that stays inside ``root``; else ``UnsafeEntry``."""
+    norm = posixpath.normpath(name)
+    if (not name or name.startswith(("/", "\\")) or "\\" in name or ":" in name.split("/")[0]
+            or norm != name or norm == "." or norm.startswith("../") or norm == ".."):
+        raise UnsafeEntry(f"refusing wheel entry {name!r}: it is not a plain relative path inside {root}")
+    target = (root / norm).resolve()
+    if not target.is_relative_to(root.resolve()):
+        raise UnsafeEntry(f"refusing wheel entry {name!r}: it resolves to {target}, outside {root}")
+    return target
 
-    Conditional compilation is ignored (over-inclusion is harmless); headers not found under the given
-    include dirs (CUDA toolkit, cub, the C++ library) are left to the machine.
-    """
-    names = set(zf.namelist())
-    todo, seen = list(roots), set()
-    while todo:
-        p = todo.pop()
-        if p in seen or p not in names:
+
+def extract(zf: zipfile.ZipFile, files: dict[str, str], root: pathlib.Path) -> None:
+    """Write each ``files`` entry (path -> pinned sha256) of ``zf`` under ``root``, checking name and bytes first."""
+    for name in sorted(files):
+        target = safe_target(root, name)
+        data = pins.check_bytes(zf.read(name), files[name], f"{zf.filename}:{name}")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(target.name + ".part")
+        tmp.write_bytes(data)
+        tmp.replace(target)
+
+
+def _stale(root: pathlib.Path, files: dict[str, str]) -> list[str]:
+    """Paths of ``files`` that are absent under ``root`` or differ from their pins (a modified one is reported)."""
+    out = []
+    for name, pin in sorted(files.items()):
+        f = safe_target(root, name)
+        if not f.is_file():
+            out.append(name)
             continue
-        seen.add(p)
-        if not p.endswith((".cuh", ".h", ".hpp", ".inl", ".cu")):
-            continue
-        text = zf.read(p).decode("utf-8", errors="replace")
-        here = p.rsplit("/", 1)[0]
-        for inc in _INCLUDE_RE.findall(text):
-            for base in (here, *include_dirs):
-                cand = os.path.normpath(f"{base}/{inc}")
-                if cand in names:
-                    todo.append(cand)
-                    break
-    return seen
-
-
-def _external_includes(zf: zipfile.ZipFile, files: set[str], prefix: str) -> set[str]:
-    """``#include``s of ``files`` that name ``prefix/...`` (headers living in another wheel)."""
-    out = set()
-    for p in files:
-        if p.endswith((".cuh", ".h", ".hpp", ".cu")):
-            for inc in _INCLUDE_RE.findall(zf.read(p).decode("utf-8", errors="replace")):
-                if inc.startswith(prefix + "/"):
-                    out.add(inc)
+        got = pins.sha256(f.read_bytes())
+        if got != pin:
+            print(f"[fetch] {f}: sha256 {got} differs from the pinned {pin}; replacing it from the verified wheel",
+                  file=sys.stderr)
+            out.append(name)
     return out
 
 
-def _load_manifest(dest: pathlib.Path) -> dict:
-    f = dest / MANIFEST
-    if f.is_file():
-        try:
-            return json.loads(f.read_text())
-        except json.JSONDecodeError:
-            return {}
-    return {}
-
-
-def _present(dest: pathlib.Path, manifest: dict, key: str, paths) -> bool:
-    entry = manifest.get(key, {}).get("files", {})
-    for p in paths:
-        f = dest / key / p
-        if p not in entry or not f.is_file() or _sha256(f.read_bytes()) != entry[p]:
-            return False
-    return True
-
-
-def _extract(zf: zipfile.ZipFile, paths, dest: pathlib.Path, key: str, manifest: dict, wheel: pathlib.Path):
-    entry = manifest.setdefault(key, {"wheel": wheel.name, "files": {}})
-    entry["wheel"] = wheel.name
-    entry["wheel_sha256"] = _sha256(wheel.read_bytes())
-    for p in sorted(paths):
-        data = zf.read(p)
-        out = dest / key / p
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_bytes(data)
-        entry["files"][p] = _sha256(data)
-
-
 def fetch(dest: pathlib.Path, cache: pathlib.Path, find_links: list[pathlib.Path], cuda: bool = False) -> dict:
-    """Populate ``dest``; returns the manifest. Skips whatever is already present and verified."""
+    """Populate ``dest`` with every required file, each matching its pin; returns the manifest written."""
     dest.mkdir(parents=True, exist_ok=True)
-    manifest = _load_manifest(dest)
-    need = required_files(cuda)
-    cuda_closure_key = "_cuda_closure"
-    for (dist, version), paths in sorted(need.items()):
+    manifest = {}
+    for (dist, version), paths in sorted(required_files(cuda).items()):
         key = f"{dist}-{version}"
-        extra_paths: set[str] = set()
-        if cuda and (dist, version) in _orig.CUDA_SOURCES:
-            extra_paths = set(manifest.get(key, {}).get(cuda_closure_key, []))
-        if _present(dest, manifest, key, paths | extra_paths) and (not cuda or extra_paths or
-                                                                  (dist, version) not in _orig.CUDA_SOURCES):
-            print(f"[fetch] {key}: {len(paths | extra_paths)} files present, skipping")
-            continue
-        wheel = wheel_for(dist, version, cache, find_links)
-        with zipfile.ZipFile(wheel) as zf:
-            missing = [p for p in paths if p not in zf.namelist()]
-            if missing:
-                raise RuntimeError(f"{wheel.name} lacks {missing}")
-            todo = set(paths)
-            if cuda and (dist, version) in _orig.CUDA_SOURCES:
-                roots = [p for p in _orig.CUDA_SOURCES[(dist, version)] if p.endswith(".cuh")]
-                closure = _include_closure(zf, roots, [_orig.SGLANG_JIT_INCLUDE])
-                todo |= closure
-                manifest.setdefault(key, {"files": {}})[cuda_closure_key] = sorted(closure)
-                manifest[key]["flashinfer_includes"] = sorted(_external_includes(zf, closure, "flashinfer"))
-            _extract(zf, todo, dest, key, manifest, wheel)
-        print(f"[fetch] {key}: extracted {len(todo)} files from {wheel.name}")
+        files = {p: pins.file_pin(dist, version, p) for p in paths}
+        todo = _stale(dest / key, files)
+        entry = {"files": files}
+        if todo:
+            wheel = verified_wheel(dist, version, cache, find_links)
+            with zipfile.ZipFile(wheel) as zf:
+                extract(zf, {p: files[p] for p in todo}, dest / key)
+            entry["wheel"] = wheel.name
+            print(f"[fetch] {key}: extracted {len(todo)} file(s) from {wheel.name}")
+        manifest[key] = entry
     if cuda:
-        _fetch_cuda_deps(dest, cache, find_links, manifest)
+        manifest["-".join(pins.TVM_FFI)] = _keep_tvm_wheel(dest, cache, find_links)
     (dest / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
     return manifest
 
 
-def _fetch_cuda_deps(dest, cache, find_links, manifest):
-    sg_key = "-".join(_orig.SGLANG)
-    fi_dist, fi_ver = _orig.FLASHINFER
-    fi_key = f"{fi_dist}-{fi_ver}"
-    roots = [f"{_orig.FLASHINFER_INCLUDE}/{inc}" for inc in manifest.get(sg_key, {}).get("flashinfer_includes", [])]
-    known = manifest.get(fi_key, {}).get("files", {})
-    if roots and _present(dest, manifest, fi_key, known) and all(r in known for r in roots):
-        print(f"[fetch] {fi_key}: {len(known)} headers present, skipping")
-    else:
-        wheel = wheel_for(fi_dist, fi_ver, cache, find_links)
-        with zipfile.ZipFile(wheel) as zf:
-            closure = _include_closure(zf, roots, [_orig.FLASHINFER_INCLUDE])
-            if not closure:
-                raise RuntimeError(f"no FlashInfer headers found for {roots} in {wheel.name}")
-            _extract(zf, closure, dest, fi_key, manifest, wheel)
-        print(f"[fetch] {fi_key}: extracted {len(closure)} headers")
-    tv_dist, tv_ver = _orig.TVM_FFI
-    tv_key = f"{tv_dist}-{tv_ver}"
-    tv_dir = dest / tv_key
-    have = _find_wheel(tv_dist, tv_ver, [tv_dir], _tvm_tags)
-    if have is not None and manifest.get(tv_key, {}).get("wheel_sha256") == _sha256(have.read_bytes()):
-        print(f"[fetch] {tv_key}: wheel present, skipping")
-        return
-    wheel = wheel_for(tv_dist, tv_ver, cache, find_links)
-    tv_dir.mkdir(parents=True, exist_ok=True)
-    shutil.copy2(wheel, tv_dir / wheel.name)
-    manifest[tv_key] = {"wheel": wheel.name, "wheel_sha256": _sha256(wheel.read_bytes()), "files": {}}
-    print(f"[fetch] {tv_key}: kept wheel {wheel.name}")
+def _keep_tvm_wheel(dest: pathlib.Path, cache: pathlib.Path, find_links: list[pathlib.Path]) -> dict:
+    key_dir = dest / "-".join(pins.TVM_FFI)
+    have = _local_wheel(*pins.TVM_FFI, [key_dir]) if key_dir.is_dir() else None
+    if have is None:
+        wheel = verified_wheel(*pins.TVM_FFI, cache, find_links)
+        key_dir.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(wheel, key_dir / wheel.name)
+        have = key_dir / wheel.name
+        print(f"[fetch] {key_dir.name}: kept wheel {wheel.name}")
+    return {"wheel": have.name, "wheel_sha256": pins.WHEELS[pins.TVM_FFI][have.name], "files": {}}
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m jaxspec.interop.fetch", description=__doc__.split("\n")[0])
-    ap.add_argument("--dest", type=pathlib.Path, default=None, help="default: the repo's .originals/")
-    ap.add_argument("--cache", type=pathlib.Path, default=pathlib.Path.home() / ".cache" / "jaxspec" / "wheels")
+    ap = argparse.ArgumentParser(
+        prog="python -m jaxspec.interop.fetch", description=__doc__.split("\n")[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        epilog="Every wheel and every extracted file is checked against the sha256 pinned in jaxspec.interop.pins.",
+    )
+    ap.add_argument("--dest", type=pathlib.Path, default=None,
+                    help="where to extract the files (default: $JAXSPEC_ORIGINALS, else the repository's .originals/)")
+    ap.add_argument("--cache", type=pathlib.Path, default=DEFAULT_CACHE, help="wheel download cache")
     ap.add_argument("--find-links", type=pathlib.Path, action="append", default=[],
-                    help="directory with already-downloaded wheels (repeatable)")
-    ap.add_argument("--cuda", action="store_true", help="also fetch the GPU-only CUDA sources, headers, tvm-ffi")
+                    help="directory with already-downloaded wheels, searched first (repeatable)")
+    ap.add_argument("--cuda", action="store_true",
+                    help="also fetch the GPU-only CUDA sources, FlashInfer headers and the tvm-ffi wheel")
     args = ap.parse_args(argv)
-    dest = args.dest.resolve() if args.dest else _orig.originals_root()
-    fetch(dest, args.cache, args.find_links, cuda=args.cuda)
-    print(f"[fetch] originals in {dest}")
+    dest = args.dest.resolve() if args.dest else originals.originals_root()
+    try:
+        fetch(dest, args.cache, args.find_links, cuda=args.cuda)
+    except (pins.PinMismatch, UnsafeEntry, RuntimeError) as e:
+        print(f"[fetch] FAILED: {e}", file=sys.stderr)
+        return 1
+    print(f"[fetch] originals verified in {dest}")
     return 0
 
 

@@ -6,29 +6,33 @@ and the jaxspec op on the same inputs, exchanged through the DLPack shim (numpy 
 the upstream dtypes -> ``to_jax`` for jaxspec; jaxspec outputs come back with ``to_torch``), and
 returns per-output mismatch counts and max abs differences. Everything is compared exactly: integer
 outputs, masks, moved KV bits, and the float outputs of ``select_top_k_tokens`` (single fp32
-multiplies, order-free). jaxspec's int32 outputs are compared by value with upstream's int64 ones.
+multiplies, order-free; its documented ties / subnormals classes aside). jaxspec's int32 outputs are compared by value with upstream's int64 ones.
 
 ``make_inputs(op, rng, config)`` draws random inputs for one of ``OPS[op].configs`` (a small fixed
 shape set: several upstream kernels take sizes as ``tl.constexpr`` and the Triton interpreter costs
 ~50-60 us per program instance, so CPU sizes stay at batch <= 16, N <= 16).
 
-Ops whose jaxspec module is not importable are reported as unavailable (``available(op)``); ops with
-an ``implementation`` keyword run both ``"pallas"`` (``interpret=True`` on CPU) and ``"reference"``.
+The ops are defined in ``ops_spec`` / ``ops_kernels``, which register them in ``registry.OPS``; this module
+reads that table. Ops with an ``implementation`` keyword run both ``"pallas"`` (``interpret=True`` on
+CPU) and ``"reference"``. A case that differs on an input of one of the op's documented
+``known_differences`` classes (e.g. exact score ties for ``select_top_k_tokens``) is counted under that
+class, not as a mismatch (``run_cases``).
 """
 
 import dataclasses
 import importlib
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
+
 import numpy as np
 import torch
 
-from jaxspec.interop import dlpack, originals
+from jaxspec.interop import dlpack
+from jaxspec.interop import ops_kernels, ops_spec  # noqa: F401 - they register their ops in registry.OPS
+from jaxspec.interop.registry import OPS, OpDef
 
-__all__ = ["OPS", "OpDef", "OutputDiff", "Report", "available", "compare", "implementations", "make_inputs"]
-
-RESERVED = ("implementation", "device", "interpret")
-
+__all__ = ["OPS", "OpDef", "OutputDiff", "Report", "Row", "compare", "implementations", "jaxspec_fn", "make_inputs",
+           "ops_for", "run_cases"]
 
 # ----------------------------------------------------------------------------------------------------
 # reports
@@ -102,47 +106,13 @@ def _diff(name: str, orig, jaxv) -> OutputDiff:
 
 
 # ----------------------------------------------------------------------------------------------------
-# op registry
-
-
-@dataclasses.dataclass(frozen=True)
-class OpDef:
-    """One side-by-side pair. ``configs`` is the small fixed shape set the generators draw from."""
-
-    name: str
-    jaxspec: str  # "module:attr"
-    original: str  # key in originals.ORIGINALS
-    configs: tuple[dict, ...]
-    gen: Callable[[np.random.Generator, dict], dict]
-    run_original: Callable[[dict, str], dict]  # (torch inputs, device) -> {output name: tensor}
-    run_jaxspec: Callable[..., dict]  # (fn, jax inputs, implementation kwargs) -> {output name: array}
-    has_implementation: bool = False
-    devices: tuple[str, ...] = ("cpu", "cuda")
-
-    def label(self, config: dict) -> str:
-        return " ".join(f"{k}={getattr(v, 'name', v)}" for k, v in config.items())
-
-
-OPS: dict[str, OpDef] = {}
-
-
-def _register(op: OpDef) -> OpDef:
-    OPS[op.name] = op
-    return op
+# running the registered ops
 
 
 def jaxspec_fn(op: str):
+    """The jaxspec function of ``op`` (imported from its ``module:attr``)."""
     mod, attr = OPS[op].jaxspec.split(":")
     return getattr(importlib.import_module(mod), attr)
-
-
-def available(op: str) -> tuple[bool, str]:
-    """Whether the jaxspec side of ``op`` can be imported (ops are written in parallel), and why not."""
-    try:
-        jaxspec_fn(op)
-    except (ImportError, AttributeError) as e:
-        return False, f"{type(e).__name__}: {e}"
-    return True, ""
 
 
 def implementations(op: str, device: str) -> list[tuple[str, dict]]:
@@ -199,66 +169,6 @@ def compare(op: str, *, implementation: str | None = None, device: str = "cpu", 
     return Report(op, label, tuple(_diff(k, orig_out[k], jax_out[k]) for k in orig_out))
 
 
-# ----------------------------------------------------------------------------------------------------
-# shared generators (written from the semantics in ops-spec §1-§4, not from upstream code)
-
-
-def _np_i64(x) -> np.ndarray:
-    return np.asarray(x, dtype=np.int64)
-
-
-def random_draft(rng, b: int, s: int, k: int, n: int, vocab: int = 32000):
-    """A valid draft tree as EAGLE's draft loop + organize_draft_results would produce it (float32 scores,
-    probabilities in (0.05, 0.95) so every child scores strictly below its parent and the top-(N-1)
-    selection is always parent-closed). Returns int64 ``parent_list (B, Q)``, ``top_scores_index (B, N-1)``,
-    ``draft_tokens (B, N-1)``."""
-    def probs(shape):
-        return -np.sort(-rng.uniform(0.05, 0.95, size=shape).astype(np.float32), axis=-1)
-
-    scores = probs((b, k))
-    score_list, token_list, parents_list = [scores[:, None, :]], [rng.integers(0, vocab, (b, k))], []
-    parents_list.append(np.broadcast_to(np.arange(-1, k), (b, k + 1)))
-    for i in range(1, s):
-        expand = (scores[:, :, None] * probs((b, k, k))).astype(np.float32)
-        flat = expand.reshape(b, k * k)
-        idx = np.argsort(-flat, axis=1, kind="stable")[:, :k]
-        scores = np.take_along_axis(flat, idx, 1)
-        score_list.append(expand)
-        token_list.append(rng.integers(0, vocab, (b, k * k)))
-        parents_list.append(idx + (k * k * (i - 1) + k))
-    allscores = np.concatenate([x.reshape(b, -1) for x in score_list], 1)
-    alltokens = np.concatenate(token_list, 1)
-    sel = np.sort(np.argsort(-allscores, axis=1, kind="stable")[:, : n - 1], axis=1)
-    parent_list = np.concatenate(parents_list[:-1], 1) if len(parents_list) > 1 else np.zeros((b, 0), np.int64)
-    return _np_i64(parent_list), _np_i64(sel), _np_i64(np.take_along_axis(alltokens, sel, 1))
-
-
-def tree_links(parent_list, sel, k: int, n: int):
-    """retrieve_index / next_token / next_sibling (int64) of a draft tree (ops-spec §3.2-§3.3)."""
-    b = sel.shape[0]
-    ri = (np.arange(b)[:, None] * n + np.arange(n)[None, :]).astype(np.int64)
-    nt = np.full((b, n), -1, np.int64)
-    ns = np.full((b, n), -1, np.int64)
-    for r in range(b):
-        for t in range(n - 1, 0, -1):
-            ptb = sel[r, t - 1] // k
-            if ptb == 0:
-                p = 0
-            else:
-                hits = np.nonzero(sel[r, : n - 1] == parent_list[r, ptb])[0]
-                if hits.size == 0:
-                    continue
-                p = int(hits[0]) + 1
-            if nt[r, p] != -1:
-                ns[r, t] = nt[r, p]
-            nt[r, p] = t
-    return ri, nt, ns
-
-
-def _cfg(**kw) -> dict:
-    return kw
-
-
 def ops_for(device: str, names: Sequence[str] | None = None) -> list[str]:
     """Registered ops that run on ``device`` (optionally restricted to ``names``)."""
     out = [k for k, d in OPS.items() if device in d.devices]
@@ -270,36 +180,49 @@ def ops_for(device: str, names: Sequence[str] | None = None) -> list[str]:
     return out
 
 
-def run_cases(
-    op: str, *, seed: int, cases: int, device: str = "cpu", max_configs: int | None = None
-) -> list[tuple[dict, str, int, int, str]]:
-    """All configs x implementations x ``cases`` random cases of ``op``.
+@dataclasses.dataclass(frozen=True)
+class Row:
+    """One (op, config, implementation) row of ``run_cases``.
 
-    Returns rows ``(config, implementation, cases, mismatching cases, first failure text)``.
-    """
+    ``mismatches``: cases with a differing output (or an error) outside the known-difference classes;
+    ``known``: cases in a known-difference class (``known_class``, documented in ``OPS[op].known_differences``),
+    of which ``known_differing`` differed."""
+
+    config: dict
+    implementation: str
+    cases: int
+    mismatches: int
+    first_failure: str
+    known_class: str | None = None
+    known: int = 0
+    known_differing: int = 0
+
+
+def run_cases(op: str, *, seed: int, cases: int, device: str = "cpu", max_configs: int | None = None,
+              progress=None) -> list[Row]:
+    """All configs x implementations x ``cases`` random cases of ``op``; ``progress()`` is called once per case."""
     d = OPS[op]
     rows = []
     op_index = sorted(OPS).index(op)
     for ci, config in enumerate(d.configs[:max_configs]):
         for label, _ in implementations(op, device):
-            bad, first = 0, ""
+            bad, first, known, known_bad, known_class = 0, "", 0, 0, None
             for case in range(cases):
                 rng = np.random.default_rng([seed, op_index, ci, case])
                 inputs = make_inputs(op, rng, config)
+                klass = d.known_class(inputs)
                 try:
                     rep = compare(op, implementation=label, device=device, **inputs)
-                    ok, text = rep.ok, str(rep)
-                except Exception as e:  # reported, counted as a mismatch
-                    ok, text = False, f"{type(e).__name__}: {e}"
-                if not ok:
+                    ok, text, raised = rep.ok, str(rep), False
+                except Exception as e:  # reported, counted as a mismatch (never a known difference)
+                    ok, text, raised = False, f"{type(e).__name__}: {e}", True
+                if klass is not None and not raised:
+                    known, known_class = known + 1, klass
+                    known_bad += not ok
+                elif not ok:
                     bad += 1
                     first = first or text
-            rows.append((config, label, cases, bad, first))
+                if progress is not None:
+                    progress()
+            rows.append(Row(config, label, cases, bad, first, known_class, known, known_bad))
     return rows
-
-
-
-
-# Op definitions register themselves with the harness (imported last: they use the names above).
-from jaxspec.interop import ops_spec as ops_spec  # noqa: E402
-from jaxspec.interop import ops_kernels as ops_kernels  # noqa: E402

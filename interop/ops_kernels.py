@@ -7,8 +7,8 @@ import numpy as np
 import torch
 
 from jaxspec.interop import originals
-from jaxspec.interop.harness import OpDef, _cfg, _np_i64, _register
-from jaxspec.interop.ops_spec import _gen_accept_path
+from jaxspec.interop.registry import OpDef, config, register
+from jaxspec.testing import random_accept_index
 
 # jaxspec.kernels.cache_locs  vs  cache_locs.py assign_extend_cache_locs / eagle.py fill_accept_out_cache_loc
 
@@ -27,7 +27,7 @@ def _gen_extend(rng, c):
 def _orig_extend(t, device):
     b = t["req_pool_indices"].numel()
     out = torch.zeros((t["out_size"],), dtype=torch.int64, device=device)  # callers: zeros (dummy slot 0)
-    np2 = originals._sglang_utils_source()["next_power_of_2"]
+    np2 = originals.next_power_of_2
     originals.load("assign_extend_cache_locs")[(b,)](
         t["req_pool_indices"], t["req_to_token"], t["start_offset"], t["end_offset"], out,
         t["req_to_token"].shape[1], np2(b),
@@ -40,22 +40,22 @@ def _jax_extend(fn, j, impl):
                                 out_size=j["out_size"], **impl)}
 
 
-_register(OpDef("assign_extend_cache_locs", "jaxspec.kernels.cache_locs:assign_extend_cache_locs",
+register(OpDef("assign_extend_cache_locs", "jaxspec.kernels.cache_locs:assign_extend_cache_locs",
                 "assign_extend_cache_locs",
-                (_cfg(B=4, R=6, W=24, N=6), _cfg(B=1, R=2, W=8, N=8), _cfg(B=7, R=9, W=40, N=5)),
+                (config(B=4, R=6, W=24, N=6), config(B=1, R=2, W=8, N=8), config(B=7, R=9, W=40, N=5)),
                 _gen_extend, _orig_extend, _jax_extend, has_implementation=True))
 
 
 def _gen_accept_loc(rng, c):
     b, a, n = c["B"], c["A"], c["N"]
-    idx, _ = _gen_accept_path(rng, b, a, n)
+    idx, _ = random_accept_index(rng, b, a, n)
     return {"accept_index": idx, "out_cache_loc": rng.integers(1, 10**6, b * n).astype(np.int64)}
 
 
 def _orig_accept_loc(t, device):
     size = t["accept_index"].numel()  # 0.5.23: bs * accept_index.shape[1]
     out = torch.zeros((size,), dtype=torch.int64, device=device)
-    np2 = originals._sglang_utils_source()["next_power_of_2"]
+    np2 = originals.next_power_of_2
     originals.load("fill_accept_out_cache_loc")[(size,)](t["accept_index"], t["out_cache_loc"], out, np2(size))
     return {"accept_out_cache_loc": out}
 
@@ -64,8 +64,8 @@ def _jax_accept_loc(fn, j, impl):
     return {"accept_out_cache_loc": fn(j["accept_index"], j["out_cache_loc"], **impl)}
 
 
-_register(OpDef("fill_accept_out_cache_loc", "jaxspec.kernels.cache_locs:fill_accept_out_cache_loc",
-                "fill_accept_out_cache_loc", (_cfg(B=4, A=4, N=6), _cfg(B=2, A=2, N=2), _cfg(B=3, A=5, N=8)),
+register(OpDef("fill_accept_out_cache_loc", "jaxspec.kernels.cache_locs:fill_accept_out_cache_loc",
+                "fill_accept_out_cache_loc", (config(B=4, A=4, N=6), config(B=2, A=2, N=2), config(B=3, A=5, N=8)),
                 _gen_accept_loc, _orig_accept_loc, _jax_accept_loc, has_implementation=True))
 
 
@@ -81,7 +81,7 @@ def _gen_kv_move(rng, c):
     bits &= np.uint16(0x7BFF)  # keep exponents finite (no inf/nan patterns) in both fp16 and bf16
     k = torch.from_numpy(bits.view(np.int16).reshape(layers, x, h, e).copy()).view(dtype)
     v = torch.from_numpy(bits[::-1].copy().view(np.int16).reshape(layers, x, h, e)).view(dtype)
-    idx, lens = _gen_accept_path(rng, b, a, n)
+    idx, lens = random_accept_index(rng, b, a, n)
     windows = rng.choice(np.arange(1, x), size=(b, n), replace=False)  # slot 0 is the dummy slot
     tgt, src = [], []
     for r in range(b):  # spec-accept move: accepted node a_k -> window slot k (ops-spec §10)
@@ -89,7 +89,7 @@ def _gen_kv_move(rng, c):
         tgt += list(windows[r, : lens[r]])
         src += list(windows[r, nodes])
     pad = b * a - len(tgt)
-    return {"k_buffer": k, "v_buffer": v, "tgt_loc": _np_i64(tgt + [0] * pad), "src_loc": _np_i64(src + [0] * pad)}
+    return {"k_buffer": k, "v_buffer": v, "tgt_loc": np.asarray(tgt + [0] * pad, np.int64), "src_loc": np.asarray(src + [0] * pad, np.int64)}
 
 
 def _orig_kv_move(t, device):
@@ -101,7 +101,7 @@ def _orig_kv_move(t, device):
     # memory_pool._init_kv_copy_and_warmup's tiling heuristics
     bpt = 512 if stride >= 8192 else (256 if stride >= 4096 else 128)
     num = t["tgt_loc"].numel()
-    np2 = originals._sglang_utils_source()["next_power_of_2"]
+    np2 = originals.next_power_of_2
     originals.load("move_kv_cache")[(len(bufs), (stride + bpt - 1) // bpt)](
         data_ptrs, strides, t["tgt_loc"], t["src_loc"], num, np2(num), BYTES_PER_TILE=bpt,
         num_warps=4 if bpt <= 256 else 8, num_stages=2,
@@ -117,10 +117,10 @@ def _jax_kv_move(fn, j, impl):
     return {"k_buffer": k, "v_buffer": v}
 
 
-_register(OpDef("move_kv_cache", "jaxspec.kernels.kv_move:move_kv_cache", "move_kv_cache",
-                (_cfg(L=2, X=48, H=2, E=8, dtype="bf16", B=3, N=6, A=4),
-                 _cfg(L=1, X=40, H=4, E=64, dtype="fp16", B=2, N=8, A=5),
-                 _cfg(L=3, X=24, H=1, E=16, dtype="bf16", B=4, N=5, A=5)),
+register(OpDef("move_kv_cache", "jaxspec.kernels.kv_move:move_kv_cache", "move_kv_cache",
+                (config(L=2, X=48, H=2, E=8, dtype="bf16", B=3, N=6, A=4),
+                 config(L=1, X=40, H=4, E=64, dtype="fp16", B=2, N=8, A=5),
+                 config(L=3, X=24, H=1, E=16, dtype="bf16", B=4, N=5, A=5)),
                 _gen_kv_move, _orig_kv_move, _jax_kv_move, has_implementation=True))
 
 
@@ -157,8 +157,8 @@ def _jax_update_r2p(fn, j, impl):
                               j["new_occupied_pages_num"], j["pages_copy_starts"], **impl)}
 
 
-_register(OpDef("update_req_to_page", "jaxspec.kernels.paged_cache_locs:update_req_to_page", "update_req_to_page",
-                (_cfg(R=6, M=8, B=4), _cfg(R=3, M=4, B=1), _cfg(R=17, M=16, B=16)),
+register(OpDef("update_req_to_page", "jaxspec.kernels.paged_cache_locs:update_req_to_page", "update_req_to_page",
+                (config(R=6, M=8, B=4), config(R=3, M=4, B=1), config(R=17, M=16, B=16)),
                 _gen_update_r2p, _orig_update_r2p, _jax_update_r2p, has_implementation=True))
 
 
@@ -186,9 +186,9 @@ def _jax_out_loc(fn, j, impl):
                                 page_size=j["page_size"], out_size=j["out_size"], **impl)}
 
 
-_register(OpDef("compute_out_cache_loc", "jaxspec.kernels.paged_cache_locs:compute_out_cache_loc",
+register(OpDef("compute_out_cache_loc", "jaxspec.kernels.paged_cache_locs:compute_out_cache_loc",
                 "compute_out_cache_loc",
-                (_cfg(R=6, M=8, B=4, P=4), _cfg(R=5, M=6, B=3, P=1), _cfg(R=16, M=4, B=16, P=16, Lmax=9)),
+                (config(R=6, M=8, B=4, P=4), config(R=5, M=6, B=3, P=1), config(R=16, M=4, B=16, P=16, Lmax=9)),
                 _gen_out_loc, _orig_out_loc, _jax_out_loc, has_implementation=True))
 
 
@@ -214,9 +214,9 @@ def _jax_out_loc_uniform(fn, j, impl):
                                 uniform_input_length=j["uniform_input_length"], **impl)}
 
 
-_register(OpDef("compute_out_cache_loc_uniform", "jaxspec.kernels.paged_cache_locs:compute_out_cache_loc_uniform",
+register(OpDef("compute_out_cache_loc_uniform", "jaxspec.kernels.paged_cache_locs:compute_out_cache_loc_uniform",
                 "compute_out_cache_loc_uniform",
-                (_cfg(R=6, M=8, B=4, P=4, U=3), _cfg(R=5, M=6, B=3, P=1, U=1), _cfg(R=16, M=4, B=16, P=16, U=5)),
+                (config(R=6, M=8, B=4, P=4, U=3), config(R=5, M=6, B=3, P=1, U=1), config(R=16, M=4, B=16, P=16, U=5)),
                 _gen_out_loc_uniform, _orig_out_loc_uniform, _jax_out_loc_uniform, has_implementation=True))
 
 
@@ -245,9 +245,9 @@ def _jax_fused(fn, j, impl):
     return {"seq_lens": o.seq_lens, "positions": o.positions, "out_cache_loc": o.out_cache_loc}
 
 
-_register(OpDef("fused_decode_input_prep", "jaxspec.kernels.paged_cache_locs:fused_decode_input_prep",
+register(OpDef("fused_decode_input_prep", "jaxspec.kernels.paged_cache_locs:fused_decode_input_prep",
                 "fused_decode_input_prep",
-                (_cfg(R=6, M=8, B=4, P=4, U=3), _cfg(R=5, M=6, B=3, P=1, U=1), _cfg(R=16, M=4, B=16, P=16, U=5)),
+                (config(R=6, M=8, B=4, P=4, U=3), config(R=5, M=6, B=3, P=1, U=1), config(R=16, M=4, B=16, P=16, U=5)),
                 _gen_fused, _orig_fused, _jax_fused, has_implementation=True))
 
 
@@ -287,10 +287,10 @@ def _jax_rotate(fn, j, impl):
                             j["select_index"], **impl)}
 
 
-_ROTATE_CONFIGS = (_cfg(B=4, Lmax=6, select=False), _cfg(B=4, Lmax=6, select=True), _cfg(B=16, Lmax=12, select=True))
-_register(OpDef("rotate_input_ids", "jaxspec.kernels.multi_layer_eagle:rotate_input_ids", "rotate_input_ids",
+_ROTATE_CONFIGS = (config(B=4, Lmax=6, select=False), config(B=4, Lmax=6, select=True), config(B=16, Lmax=12, select=True))
+register(OpDef("rotate_input_ids", "jaxspec.kernels.multi_layer_eagle:rotate_input_ids", "rotate_input_ids",
                 _ROTATE_CONFIGS, _gen_rotate, _orig_rotate("rotate_input_ids"), _jax_rotate, has_implementation=True))
-_register(OpDef("rotate_input_ids@sglang-0.5.23", "jaxspec.kernels.multi_layer_eagle:rotate_input_ids",
+register(OpDef("rotate_input_ids@sglang-0.5.23", "jaxspec.kernels.multi_layer_eagle:rotate_input_ids",
                 "rotate_input_ids@sglang-0.5.23", _ROTATE_CONFIGS[1:2], _gen_rotate,
                 _orig_rotate("rotate_input_ids@sglang-0.5.23"), _jax_rotate, has_implementation=True))
 
@@ -320,7 +320,7 @@ def _jax_hidden_pool(fn, j, impl):
                                             j["extend_seq_lens"], j["extend_start_loc"], **impl)}
 
 
-_register(OpDef("assign_hidden_states_pool", "jaxspec.kernels.multi_layer_eagle:assign_hidden_states_pool",
+register(OpDef("assign_hidden_states_pool", "jaxspec.kernels.multi_layer_eagle:assign_hidden_states_pool",
                 "assign_hidden_states_pool",
-                (_cfg(B=3, S=3, H=16, R=5), _cfg(B=2, S=4, H=80, R=4), _cfg(B=8, S=2, H=64, R=9)),
+                (config(B=3, S=3, H=16, R=5), config(B=2, S=4, H=80, R=4), config(B=8, S=2, H=64, R=9)),
                 _gen_hidden_pool, _orig_hidden_pool, _jax_hidden_pool, has_implementation=True))

@@ -8,25 +8,70 @@ import numpy as np
 import torch
 
 from jaxspec.interop import originals
-from jaxspec.interop.harness import OpDef, _cfg, _register, random_draft, tree_links
+from jaxspec.interop.registry import OpDef, config, register
+from jaxspec.testing import draft_lists, organize, random_accept_index, tree_links
 
+
+def _draft_tree(rng, b, s, k, n, vocab=32000):
+    """int64 ``(parent_list, top_scores_index, draft_tokens)`` of a valid random draft tree (probabilities in
+    (0.05, 0.95): every child scores strictly below its parent, so the selection is parent-closed)."""
+    d = draft_lists(rng, b, s, k, vocab=vocab)
+    return organize(d.score_list, d.token_list, d.parents_list, n)
+
+
+# ----------------------------------------------------------------------------------------------------
 # jaxspec.ops.draft.select_top_k_tokens  vs  sglang 0.5.23 spec_utils.select_top_k_tokens (torch)
+
+
+_F32_TINY = np.finfo(np.float32).tiny  # 1.18e-38: the smallest normal float32
+
+# The two classes of input on which jaxspec's select_top_k_tokens is documented to differ from the torch original
+# (see its docstring). The "ties" / "subnormals" configs below generate them on purpose.
+SELECT_KNOWN_DIFFERENCES = {
+    "ties": "exact ties among a row's K*K cumulative scores: torch.topk's order among equal values is "
+            "implementation-defined, jaxspec (lax.top_k) takes the lowest flat index, so the chosen beams "
+            "(input_ids, parents, hidden_states) may differ; the multiset of selected scores is the same",
+    "subnormals": "cumulative scores below 1.18e-38 (float32 subnormals): XLA flushes them to zero, torch keeps "
+                  "them, so in jaxspec they compare as 0 (a tie resolved to the lowest index) and the selected "
+                  "beams and scores may differ",
+}
 
 
 def _gen_select(rng, c):
     b, k, h, step = c["B"], c["K"], c["H"], c["step"]
     rows = b if step == 0 else b * k
-    p = rng.uniform(0.01, 1.0, (rows, k)).astype(np.float32)
-    p = -np.sort(-p, axis=1)
-    out = {
+    case = c.get("case", "random")
+    if case == "ties":  # few distinct values: exact ties among the K*K products (powers of two: exact products)
+        p = -np.sort(-rng.choice(np.float32([0.5, 0.25, 0.125]), (rows, k)), axis=1)
+        scores = rng.choice(np.float32([0.5, 0.25]), (b, k))
+    elif case == "subnormals":  # scores deep below the normal range (as deep, wide trees can reach)
+        p = -np.sort(-rng.uniform(0.01, 1.0, (rows, k)).astype(np.float32), axis=1)
+        scores = (rng.uniform(1.0, 64.0, (b, k)) * _F32_TINY / 256).astype(np.float32)
+    else:
+        p = -np.sort(-rng.uniform(0.01, 1.0, (rows, k)).astype(np.float32), axis=1)
+        scores = rng.uniform(0.01, 1.0, (b, k)).astype(np.float32)
+    return {
         "step": step,
         "topk_p": p,
         "topk_index": rng.integers(0, 32000, (rows, k)).astype(np.int64),
         "hidden_states": rng.standard_normal((rows, h)).astype(np.float32),
-        "scores": None if step == 0 else rng.uniform(0.01, 1.0, (b, k)).astype(np.float32),
+        "scores": None if step == 0 else scores,
         "topk": k,
     }
-    return out
+
+
+def _classify_select(t) -> str | None:
+    """The known-difference class of a select_top_k_tokens input (step >= 1 only: step 0 selects nothing)."""
+    if t["step"] == 0:
+        return None
+    k, b = t["topk"], t["scores"].shape[0]
+    expand = np.asarray(t["scores"], np.float32)[:, :, None] * np.asarray(t["topk_p"], np.float32).reshape(b, k, k)
+    flat = expand.reshape(b, k * k)
+    if np.any((np.abs(flat) < _F32_TINY) & (flat != 0)) or np.any((np.abs(t["scores"]) < _F32_TINY) & (t["scores"] != 0)):
+        return "subnormals"
+    if any(len(np.unique(row)) < row.size for row in flat):
+        return "ties"
+    return None
 
 
 def _orig_select(t, device):
@@ -47,11 +92,14 @@ def _jax_select(fn, j, impl):
     }
 
 
-_register(OpDef(
+register(OpDef(
     "select_top_k_tokens", "jaxspec.ops.draft:select_top_k_tokens", "select_top_k_tokens",
-    (_cfg(B=3, K=2, H=8, step=0), _cfg(B=3, K=2, H=8, step=1), _cfg(B=2, K=4, H=8, step=2),
-     _cfg(B=4, K=1, H=8, step=1)),
+    (config(B=3, K=2, H=8, step=0), config(B=3, K=2, H=8, step=1), config(B=2, K=4, H=8, step=2),
+     config(B=4, K=1, H=8, step=1),
+     # the documented differences, generated on purpose (reported in the "known" column, never as mismatches)
+     config(B=4, K=3, H=8, step=1, case="ties"), config(B=4, K=3, H=8, step=1, case="subnormals")),
     _gen_select, _orig_select, _jax_select,
+    known_differences=SELECT_KNOWN_DIFFERENCES, classify=_classify_select,
 ))
 
 
@@ -65,7 +113,7 @@ def _gen_tree(rng, c):
     from jaxspec.config import SpecConfig
 
     b, s, k, n = c["B"], c["S"], c["K"], c["N"]
-    plist, sel, dtok = random_draft(rng, b, s, k, n)
+    plist, sel, dtok = _draft_tree(rng, b, s, k, n)
     return {
         "bonus_tokens": rng.integers(0, 32000, b).astype(np.int32),
         "parent_list": plist,
@@ -140,15 +188,15 @@ def _jax_tree(fn, j, impl):
 
 
 _TREE_CONFIGS = (
-    _cfg(B=3, S=3, K=2, N=6, mode=0), _cfg(B=3, S=3, K=2, N=6, mode=1), _cfg(B=2, S=1, K=4, N=4, mode=0),
-    _cfg(B=4, S=4, K=1, N=5, mode=1), _cfg(B=2, S=4, K=4, N=8, mode=0),
+    config(B=3, S=3, K=2, N=6, mode=0), config(B=3, S=3, K=2, N=6, mode=1), config(B=2, S=1, K=4, N=4, mode=0),
+    config(B=4, S=4, K=1, N=5, mode=1), config(B=2, S=4, K=4, N=8, mode=0),
 )
-_register(OpDef("build_tree", "jaxspec.ops.tree:build_tree", "build_tree", _TREE_CONFIGS, _gen_tree, _orig_tree,
+register(OpDef("build_tree", "jaxspec.ops.tree:build_tree", "build_tree", _TREE_CONFIGS, _gen_tree, _orig_tree,
                 _jax_tree))
-_register(OpDef(
+register(OpDef(
     "build_tree@cuda", "jaxspec.ops.tree:build_tree", "build_tree@cuda",
-    _TREE_CONFIGS + (_cfg(B=3, S=3, K=2, N=6, mode=2), _cfg(B=16, S=5, K=4, N=8, mode=2),
-                     _cfg(B=16, S=5, K=4, N=8, mode=0), _cfg(B=4, S=3, K=4, N=12, mode=2)),
+    _TREE_CONFIGS + (config(B=3, S=3, K=2, N=6, mode=2), config(B=16, S=5, K=4, N=8, mode=2),
+                     config(B=16, S=5, K=4, N=8, mode=0), config(B=4, S=3, K=4, N=12, mode=2)),
     _gen_tree, _orig_tree_cuda, _jax_tree, devices=("cuda",),
 ))
 
@@ -159,7 +207,7 @@ _register(OpDef(
 
 def _gen_verify(rng, c):
     b, s, k, n, vocab = c["B"], c["S"], c["K"], c["N"], 8
-    plist, sel, dtok = random_draft(rng, b, s, k, n, vocab=vocab)
+    plist, sel, dtok = _draft_tree(rng, b, s, k, n, vocab=vocab)
     ri, nt, ns = tree_links(plist, sel, k, n)
     cand = np.concatenate([rng.integers(0, vocab, (b, 1)), dtok], 1).astype(np.int64)
     target = rng.integers(0, vocab, (b, n)).astype(np.int64)
@@ -212,12 +260,12 @@ def _jax_verify(fn, j, impl):
     return {"predict": o.predict, "accept_index": o.accept_index, "num_correct_drafts": o.num_correct_drafts}
 
 
-_VERIFY_CONFIGS = (_cfg(B=3, S=3, K=2, N=6), _cfg(B=4, S=4, K=1, N=5), _cfg(B=2, S=1, K=4, N=4),
-                   _cfg(B=2, S=4, K=4, N=8))
-_register(OpDef("verify_tree_greedy", "jaxspec.ops.verify:verify_tree_greedy", "verify_tree_greedy",
+_VERIFY_CONFIGS = (config(B=3, S=3, K=2, N=6), config(B=4, S=4, K=1, N=5), config(B=2, S=1, K=4, N=4),
+                   config(B=2, S=4, K=4, N=8))
+register(OpDef("verify_tree_greedy", "jaxspec.ops.verify:verify_tree_greedy", "verify_tree_greedy",
                 _VERIFY_CONFIGS, _gen_verify, _orig_verify, _jax_verify))
-_register(OpDef("verify_tree_greedy@cuda", "jaxspec.ops.verify:verify_tree_greedy", "verify_tree_greedy@cuda",
-                _VERIFY_CONFIGS + (_cfg(B=16, S=5, K=4, N=8),), _gen_verify, _orig_verify_cuda, _jax_verify,
+register(OpDef("verify_tree_greedy@cuda", "jaxspec.ops.verify:verify_tree_greedy", "verify_tree_greedy@cuda",
+                _VERIFY_CONFIGS + (config(B=16, S=5, K=4, N=8),), _gen_verify, _orig_verify_cuda, _jax_verify,
                 devices=("cuda",)))
 
 
@@ -272,11 +320,11 @@ def _jax_sampling(fn, j, impl):
     return {"predict": o.predict, "accept_index": o.accept_index, "num_correct_drafts": o.num_correct_drafts}
 
 
-_register(OpDef(
+register(OpDef(
     "tree_speculative_sampling_target_only@cuda", "jaxspec.ops.verify:tree_speculative_sampling_target_only",
     "tree_speculative_sampling_target_only@cuda",
-    (_cfg(B=3, S=3, K=2, N=6, V=64), _cfg(B=4, S=4, K=1, N=5, V=30), _cfg(B=16, S=5, K=4, N=8, V=4099),
-     _cfg(B=4, S=3, K=2, N=6, V=64, thr_single=0.5, thr_acc=0.5)),
+    (config(B=3, S=3, K=2, N=6, V=64), config(B=4, S=4, K=1, N=5, V=30), config(B=16, S=5, K=4, N=8, V=4099),
+     config(B=4, S=3, K=2, N=6, V=64, thr_single=0.5, thr_acc=0.5)),
     _gen_sampling, _orig_sampling_cuda, _jax_sampling, devices=("cuda",),
 ))
 
@@ -285,21 +333,9 @@ _register(OpDef(
 # jaxspec.ops.accept.fill_bonus_tokens  vs  eagle.py fill_bonus_tokens (Triton, 0.5.23 stride S+1)
 
 
-def _gen_accept_path(rng, b, a, n):
-    """accept_index (B, A) int32 (root first, strictly increasing nodes, -1 pad) and accept_lens (B,)."""
-    lens = rng.integers(1, a + 1, b).astype(np.int32)
-    idx = np.full((b, a), -1, np.int32)
-    for r in range(b):
-        nodes = np.sort(rng.choice(np.arange(1, n), size=min(lens[r] - 1, n - 1), replace=False))
-        path = np.concatenate([[0], nodes])
-        lens[r] = len(path)
-        idx[r, : len(path)] = r * n + path
-    return idx, lens
-
-
 def _gen_bonus(rng, c):
     b, a, n = c["B"], c["A"], c["N"]
-    idx, lens = _gen_accept_path(rng, b, a, n)
+    idx, lens = random_accept_index(rng, b, a, n)
     return {"predict": rng.integers(0, 32000, b * n).astype(np.int32), "accept_index": idx, "accept_lens": lens}
 
 
@@ -315,5 +351,5 @@ def _jax_bonus(fn, j, impl):
     return {"bonus_tokens": fn(j["predict"], j["accept_index"], j["accept_lens"])}
 
 
-_register(OpDef("fill_bonus_tokens", "jaxspec.ops.accept:fill_bonus_tokens", "fill_bonus_tokens",
-                (_cfg(B=4, A=4, N=6), _cfg(B=1, A=2, N=2), _cfg(B=8, A=5, N=8)), _gen_bonus, _orig_bonus, _jax_bonus))
+register(OpDef("fill_bonus_tokens", "jaxspec.ops.accept:fill_bonus_tokens", "fill_bonus_tokens",
+                (config(B=4, A=4, N=6), config(B=1, A=2, N=2), config(B=8, A=5, N=8)), _gen_bonus, _orig_bonus, _jax_bonus))

@@ -3,8 +3,10 @@
 ``ORIGINALS`` is the one table mapping each jaxspec op to the upstream (distribution, pinned version,
 file inside the wheel, symbol) it is compared against. ``python -m jaxspec.interop.fetch`` extracts
 exactly those files into ``.originals/<dist>-<version>/<path>`` (git-ignored; nothing upstream is
-committed); this module imports each file *as published* with ``importlib.util.spec_from_file_location``
-after installing a few tiny stand-in modules in ``sys.modules`` for its package imports:
+committed); this module checks each file's bytes against its sha256 in ``jaxspec.interop.pins`` (a
+modified file raises ``pins.PinMismatch``, whatever ``manifest.json`` says) and executes exactly those
+bytes, *as published*, after installing a few tiny stand-in modules in ``sys.modules`` for its package
+imports:
 
 * ``sglang.srt.utils``: ``is_cpu/is_cuda/is_hip/is_musa/is_npu/is_xpu`` all False (so no file imports
   ``sgl_kernel`` or the JIT CUDA path at import time) and ``next_power_of_2`` (the upstream function,
@@ -35,6 +37,7 @@ import ast
 import dataclasses
 import functools
 import importlib.util
+import linecache
 import logging
 import os
 import pathlib
@@ -42,25 +45,27 @@ import sys
 import types
 from typing import Any, Callable
 
+from jaxspec.interop import pins
+
 __all__ = [
     "Original",
     "ORIGINALS",
     "SUPPORT_FILES",
-    "CUDA_SOURCES",
     "OriginalsMissing",
     "originals_root",
     "original_path",
     "load_file",
     "load",
     "load_select_top_k_tokens",
+    "next_power_of_2",
     "require",
+    "verified_bytes",
 ]
 
-SGLANG = ("sglang", "0.5.23")
-SGLANG_MTP = ("sglang", "0.5.12")  # last release with the seed MTP helpers (multi_layer_eagle_utils.py)
-TOKENSPEED = ("tokenspeed", "0.1.0")  # 0.1.1 dropped half of cache_loc_kernel.py
-FLASHINFER = ("flashinfer-python", "0.7.2")
-TVM_FFI = ("apache-tvm-ffi", "0.1.11")
+# the pinned releases (their wheel and file hashes live in jaxspec.interop.pins)
+SGLANG, SGLANG_MTP, TOKENSPEED, FLASHINFER, TVM_FFI = (
+    pins.SGLANG, pins.SGLANG_MTP, pins.TOKENSPEED, pins.FLASHINFER, pins.TVM_FFI
+)
 
 _SPEC = "sglang/kernels/ops/speculative"
 
@@ -134,16 +139,6 @@ SUPPORT_FILES: dict[tuple[str, str], tuple[str, ...]] = {
     SGLANG: ("sglang/srt/utils/common.py",),  # next_power_of_2, fast_topk (read as source, never imported)
 }
 
-# --cuda: roots of SGLang's JIT CUDA build; their #include closure is resolved by fetch.
-CUDA_SOURCES: dict[tuple[str, str], tuple[str, ...]] = {
-    SGLANG: (
-        "sglang/kernels/jit/csrc/speculative/tree.cuh",
-        "sglang/kernels/jit/csrc/speculative/sampling.cuh",
-        f"{_SPEC}/tree.py",  # the wrappers load_jit builds from (read for reference: exports, template args)
-        f"{_SPEC}/sampling.py",
-    ),
-}
-SGLANG_JIT_INCLUDE = "sglang/kernels/jit/include"
 FLASHINFER_INCLUDE = "flashinfer/data/include"
 
 
@@ -166,8 +161,7 @@ def original_path(dist: str, version: str, path: str) -> pathlib.Path:
     return originals_root() / f"{dist}-{version}" / path
 
 
-def require(dist: str, version: str, path: str) -> pathlib.Path:
-    """The extracted file, or ``OriginalsMissing`` telling how to fetch it."""
+def _present(dist: str, version: str, path: str) -> pathlib.Path:
     p = original_path(dist, version, path)
     if not p.is_file():
         raise OriginalsMissing(
@@ -178,13 +172,28 @@ def require(dist: str, version: str, path: str) -> pathlib.Path:
     return p
 
 
+def verified_bytes(dist: str, version: str, path: str) -> bytes:
+    """The extracted file's bytes, read once and checked against its pin in ``jaxspec.interop.pins``.
+
+    ``OriginalsMissing`` if absent; ``pins.PinMismatch`` (naming the file and both hashes) if modified,
+    whatever ``manifest.json`` says: the manifest is a record, the pins are the trust anchor."""
+    return pins.check_file(_present(dist, version, path), pins.file_pin(dist, version, path))
+
+
+def require(dist: str, version: str, path: str) -> pathlib.Path:
+    """The extracted file after checking it against its pin; ``OriginalsMissing`` tells how to fetch it."""
+    verified_bytes(dist, version, path)
+    return original_path(dist, version, path)
+
+
 # ----------------------------------------------------------------------------------------------------
 # stand-in modules
 
 
-def _source_function(path: pathlib.Path, names: tuple[str, ...], namespace: dict) -> dict:
-    """Compile the named top-level functions of a published file (decorators dropped) into ``namespace``."""
-    tree = ast.parse(path.read_text(), filename=str(path))
+def _source_function(key: tuple[str, str, str], names: tuple[str, ...], namespace: dict) -> dict:
+    """Compile the named top-level functions of a published (verified) file, decorators dropped, into ``namespace``."""
+    path = original_path(*key)
+    tree = ast.parse(verified_bytes(*key).decode("utf-8"), filename=str(path))
     found = {}
     for node in tree.body:
         if isinstance(node, ast.FunctionDef) and node.name in names:
@@ -198,13 +207,21 @@ def _source_function(path: pathlib.Path, names: tuple[str, ...], namespace: dict
     return {n: namespace[n] for n in names}
 
 
-@functools.cache
 def _sglang_utils_source() -> dict:
+    return _sglang_utils_source_at(originals_root())
+
+
+@functools.cache  # per originals root: a different root is loaded (and verified) afresh
+def _sglang_utils_source_at(root: pathlib.Path) -> dict:
     """``next_power_of_2`` and ``fast_topk`` exactly as published in sglang 0.5.23 ``srt/utils/common.py``."""
     import torch
 
-    path = require(*SGLANG, "sglang/srt/utils/common.py")
-    return _source_function(path, ("next_power_of_2", "fast_topk"), {"torch": torch})
+    return _source_function((*SGLANG, "sglang/srt/utils/common.py"), ("next_power_of_2", "fast_topk"), {"torch": torch})
+
+
+def next_power_of_2(n: int) -> int:
+    """SGLang's ``next_power_of_2`` (sglang 0.5.23 ``srt/utils/common.py``), as its launchers compute grid sizes."""
+    return _sglang_utils_source()["next_power_of_2"](n)
 
 
 def _stub(name: str, **attrs) -> types.ModuleType:
@@ -255,10 +272,18 @@ def _ensure_interpreter_if_no_gpu() -> None:
         os.environ["TRITON_INTERPRET"] = "1"
 
 
-@functools.cache
 def load_file(dist: str, version: str, path: str) -> types.ModuleType:
-    """Execute one published kernel file with stand-ins for its package imports; cached per file."""
-    file = require(dist, version, path)
+    """Execute one published kernel file with stand-ins for its package imports; cached per file (and root).
+
+    The bytes executed are the bytes checked against the pin (``linecache`` is primed with them, so
+    ``@triton.jit``'s source lookup sees the same text)."""
+    return _load_file_at(originals_root(), dist, version, path)
+
+
+@functools.cache
+def _load_file_at(root: pathlib.Path, dist: str, version: str, path: str) -> types.ModuleType:
+    data = verified_bytes(dist, version, path)
+    file = original_path(dist, version, path)
     _ensure_interpreter_if_no_gpu()
     import triton  # noqa: F401 - fail here, clearly, if triton is absent
 
@@ -267,10 +292,12 @@ def load_file(dist: str, version: str, path: str) -> types.ModuleType:
     mod_name = f"_jaxspec_originals.{dist.replace('-', '_')}_{version.replace('.', '_')}.{file.stem}"
     spec = importlib.util.spec_from_file_location(mod_name, file)
     module = importlib.util.module_from_spec(spec)
+    text = data.decode("utf-8")
+    linecache.cache[str(file)] = (len(text), None, text.splitlines(keepends=True), str(file))
     sys.modules.update(stand_ins)
     sys.modules[mod_name] = module
     try:
-        spec.loader.exec_module(module)
+        exec(compile(data, str(file), "exec"), module.__dict__)  # noqa: S102 - pinned upstream source
     except Exception:
         sys.modules.pop(mod_name, None)
         raise
@@ -293,9 +320,13 @@ def load(op: str) -> Callable[..., Any]:
     return getattr(load_file(o.dist, o.version, o.path), o.symbol)
 
 
-@functools.cache
 def load_select_top_k_tokens() -> Callable[..., Any]:
     """SGLang 0.5.23 ``select_top_k_tokens`` compiled from the published ``spec_utils.py`` function source."""
+    return _load_select_top_k_tokens_at(originals_root())
+
+
+@functools.cache
+def _load_select_top_k_tokens_at(root: pathlib.Path) -> Callable[..., Any]:
     from typing import Optional
 
     import torch
@@ -303,7 +334,7 @@ def load_select_top_k_tokens() -> Callable[..., Any]:
     o = ORIGINALS["select_top_k_tokens"]
     ns = {"torch": torch, "Optional": Optional, "fast_topk": _sglang_utils_source()["fast_topk"]}
     fns = _source_function(
-        require(o.dist, o.version, o.path),
+        (o.dist, o.version, o.path),
         ("_select_top_k_tokens_first", "_select_top_k_tokens_later", "select_top_k_tokens"),
         ns,
     )

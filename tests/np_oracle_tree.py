@@ -8,6 +8,8 @@ stopping at a missing ancestor or after S marks). Int64 throughout, as SGLang.
 
 import numpy as np
 
+from jaxspec.testing import draft_lists, organize  # noqa: F401 - organize is part of this oracle's API
+
 FULL_MASK, QLEN_ONLY, QLEN_ONLY_BITPACKING = 0, 1, 2
 
 
@@ -45,26 +47,18 @@ def select_top_k_tokens(step, topk_p, topk_index, hidden, scores, k):
     return ids, hid, cs_p, (expand, flat_tok, cs_idx + (k * k * (step - 1) + k))
 
 
-# ------------------------------------------------------------------ organize_draft_results (§2.2)
+# ------------------------------------------------------------------ organize_draft_results (§2.2) + drafts
 
-
-def organize(score_list, token_list, parents_list, n):
-    s = np.concatenate([x.reshape(x.shape[0], -1) for x in score_list], 1)
-    t = np.concatenate(token_list, 1)
-    sel = np.sort(np.argsort(-s, axis=1, kind="stable")[:, : n - 1], axis=1)  # ties: lower index
-    if len(parents_list) > 1:
-        pl = np.concatenate(parents_list[:-1], 1)
-    else:
-        pl = np.zeros((s.shape[0], 0), np.int64)
-    return pl, sel, np.take_along_axis(t, sel, 1)
+# organize (Appendix A) lives with the generators in jaxspec.testing: one copy for tests, harness and bench.
 
 
 def draft_pipeline(rng, b, s, k, n, vocab=1000, hidden=None):
     """Random but realistic draft: S steps of select_top_k over random softmax top-k, then organize.
 
-    Returns ``(inputs, lists, organized)``: ``inputs`` the per-step ``(topk_p, topk_index)``.
+    Returns ``(inputs, lists, organized)``: ``inputs`` the per-step ``(topk_p, topk_index)``. ``hidden`` is
+    accepted for the callers' convenience and unused (the lists do not depend on it).
     """
-    def rand_topk(rows):
+    def rand_topk(rng, rows, k, vocab):
         logits = rng.standard_normal((rows, 64)).astype(np.float32) * 3
         p = np.exp(logits - logits.max(-1, keepdims=True))
         p = (p / p.sum(-1, keepdims=True)).astype(np.float32)
@@ -72,16 +66,9 @@ def draft_pipeline(rng, b, s, k, n, vocab=1000, hidden=None):
         tok = rng.integers(0, vocab, (rows, 64))
         return np.take_along_axis(p, idx, -1), np.take_along_axis(tok, idx, -1)
 
-    inputs, score_list, token_list, parents_list = [], [], [], []
-    scores, hid = None, hidden
-    for i in range(s):
-        p, idx = rand_topk(b if i == 0 else b * k)
-        inputs.append((p, idx))
-        _, hid, scores, info = select_top_k_tokens(i, p, idx, hid, scores, k)
-        score_list.append(info[0])
-        token_list.append(info[1])
-        parents_list.append(info[2])
-    return inputs, (score_list, token_list, parents_list), organize(score_list, token_list, parents_list, n)
+    d = draft_lists(rng, b, s, k, vocab=vocab, draw=rand_topk)
+    lists = (d.score_list, d.token_list, d.parents_list)
+    return d.step_inputs, lists, organize(*lists, n)
 
 
 # ------------------------------------------------------------------ build_tree (§3)

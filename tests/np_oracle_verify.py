@@ -5,11 +5,13 @@ loops follow the per-request scalar walks of the CUDA kernels line for line (one
 float32 scalars, the ``draft_probs`` residual mutated in place on a private copy) so that the
 vectorised JAX implementation can be compared with them exactly on integers.
 
-Also random valid-tree generation: a NumPy model of ``select_top_k_tokens`` (beam expansion) feeding the
-Appendix-A ``organize`` and the link-building part of ``build_tree``.
+Random valid trees: the generators of ``jaxspec.testing`` (beam draft, Appendix-A ``organize``, the
+link-building part of ``build_tree``), composed here.
 """
 
 import numpy as np
+
+from jaxspec.testing import children, draft_lists, organize, tree_links, uniform_topk  # noqa: F401 - children: API
 
 F32 = np.float32
 
@@ -19,74 +21,20 @@ F32 = np.float32
 # ----------------------------------------------------------------------------------------------------
 
 
-from np_oracle_tree import organize  # noqa: E402  (one Appendix-A organize for both oracles)
-
-
-def build_links(pl, sel, topk, n):
-    """Appendix A ``build_tree``, retrieve arrays only: ``(retrieve_index, next_token, next_sibling)``."""
-    bs = sel.shape[0]
-    ri, nt, ns = (np.full((bs, n), -1, np.int64) for _ in range(3))
-
-    def parent(b, t):
-        ptb = sel[b, t - 1] // topk
-        if ptb == 0:
-            return 0
-        hit = np.nonzero(sel[b, : n - 1] == pl[b, ptb])[0]
-        return int(hit[0]) + 1 if len(hit) else None
-
-    for b in range(bs):
-        ri[b] = b * n + np.arange(n)
-        for t in range(n - 1, 0, -1):
-            p = parent(b, t)
-            if p is None:
-                continue
-            if nt[b, p] != -1:
-                ns[b, t] = nt[b, p]
-            nt[b, p] = t
-    return ri, nt, ns
-
-
 def random_draft(rng, bs, topk, steps, vocab):
     """Score/token/parent lists of an S-step beam draft (the ``tree_info`` tuples of select_top_k_tokens)."""
-    k = topk
-
-    def topk_probs(rows):
-        p = np.sort(rng.uniform(0.01, 1.0, (rows, k)).astype(F32), axis=1)[:, ::-1]
-        toks = np.stack([rng.choice(vocab, k, replace=False) for _ in range(rows)]).astype(np.int64)
-        return np.ascontiguousarray(p), toks
-
-    p0, t0 = topk_probs(bs)
-    scores_l, tokens_l = [p0[:, None, :]], [t0]
-    parents_l = [np.broadcast_to(np.arange(-1, k, dtype=np.int64), (bs, k + 1))]
-    scores = p0
-    for i in range(1, steps):
-        p, toks = topk_probs(bs * k)
-        expand = scores[:, :, None] * p.reshape(bs, k, k)
-        flat = expand.reshape(bs, k * k)
-        cs_idx = np.argsort(-flat, axis=1, kind="stable")[:, :k]
-        scores = np.take_along_axis(flat, cs_idx, 1)
-        scores_l.append(expand)
-        tokens_l.append(toks.reshape(bs, k * k))
-        parents_l.append(cs_idx + (k * k * (i - 1) + k))
-    return scores_l, tokens_l, parents_l
+    d = draft_lists(rng, bs, steps, topk, vocab=vocab, draw=uniform_topk(0.01, 1.0, distinct=True))
+    return d.score_list, d.token_list, d.parents_list
 
 
 def random_tree(rng, bs, topk, steps, n, vocab):
     """A valid tree as build_tree would produce it: ``(candidates, retrieve_index, next_token, next_sibling)``."""
     sl, tl, pl_ = random_draft(rng, bs, topk, steps, vocab)
     pl, sel, dt = organize(sl, tl, pl_, n)
-    ri, nt, ns = build_links(pl, sel, topk, n)
+    ri, nt, ns = tree_links(pl, sel, topk, n)
     bonus = rng.integers(0, vocab, bs)
     cand = np.concatenate([bonus[:, None], dt], 1).astype(np.int64)
     return cand, ri, nt, ns
-
-
-def children(nt, ns, b, j):
-    out, c = [], nt[b, j]
-    while c != -1:
-        out.append(int(c))
-        c = ns[b, c]
-    return out
 
 
 def valid_num_draft_tokens(topk, steps):

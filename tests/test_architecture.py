@@ -59,3 +59,64 @@ def test_no_private_jax_in_library():
                 if mod.startswith("jax._src"):
                     bad.append(f"{f.relative_to(ROOT)}:{line} imports {mod}")
     assert not bad, "\n".join(bad)
+
+
+def _interop_graph() -> dict[str, set[str]]:
+    """interop module -> the interop modules it imports (anywhere in the file, lazy imports included)."""
+    mods = {f.stem: f for f in sorted((ROOT / "interop").glob("*.py")) if f.stem != "__init__"}
+    graph = {}
+    for name, f in mods.items():
+        deps = set()
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                if node.module == "jaxspec.interop":
+                    deps |= {a.name for a in node.names if a.name in mods}
+                elif node.module.startswith("jaxspec.interop."):
+                    deps.add(node.module.split(".")[2])
+            elif isinstance(node, ast.Import):
+                deps |= {a.name.split(".")[2] for a in node.names if a.name.startswith("jaxspec.interop.")}
+        graph[name] = deps - {name}
+    return graph
+
+
+def test_interop_has_no_import_circle():
+    """E.g. harness -> ops_spec -> harness: op definitions import the registry, the harness reads it."""
+    graph, cycles = _interop_graph(), []
+
+    def visit(node, path):
+        for dep in sorted(graph.get(node, ())):
+            if dep in path:
+                cycles.append(" -> ".join(path[path.index(dep):] + [dep]))
+            elif dep not in done:
+                visit(dep, path + [dep])
+        done.add(node)
+
+    done: set[str] = set()
+    for start in sorted(graph):
+        visit(start, [start])
+    assert not cycles, "\n".join(sorted(set(cycles)))
+    assert "registry" in graph["ops_spec"] and "harness" not in graph["ops_spec"] | graph["ops_kernels"]
+
+
+def test_interop_imports_are_at_the_top_and_public():
+    """No bottom-of-file imports, and no private (underscore) name imported from another jaxspec module."""
+    bad = []
+    for f in sorted((ROOT / "interop").glob("*.py")):
+        tree = ast.parse(f.read_text())
+        seen_code = False
+        for node in tree.body:
+            is_import = isinstance(node, (ast.Import, ast.ImportFrom))
+            is_doc = isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
+            if is_import and seen_code:
+                bad.append(f"{f.name}:{node.lineno} module-level import after code")
+            seen_code = seen_code or not (is_import or is_doc)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("jaxspec"):
+                bad += [f"{f.name}:{node.lineno} imports private {node.module}.{a.name}"
+                        for a in node.names if a.name.startswith("_")]
+            if (isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__")
+                    and isinstance(node.value, ast.Name) and node.value.id in {"originals", "harness", "registry",
+                                                                               "pins", "fetch", "ops_spec",
+                                                                               "ops_kernels", "dlpack"}):
+                bad.append(f"{f.name}:{node.lineno} uses private {node.value.id}.{node.attr}")
+    assert not bad, "\n".join(bad)

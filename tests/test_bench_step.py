@@ -12,6 +12,8 @@ import sys
 
 import pytest
 
+from jaxspec.testing import make_step_inputs
+
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
 pytest.importorskip("torch")
@@ -19,6 +21,8 @@ pytest.importorskip("triton")
 
 
 def _load(name):
+    if str(REPO / "bench") not in sys.path:  # the bench scripts import their siblings (_timing, plot_step, ...)
+        sys.path.insert(0, str(REPO / "bench"))
     path = REPO / "bench" / f"{name}.py"
     spec = importlib.util.spec_from_file_location(f"_bench_{name}", path)
     mod = importlib.util.module_from_spec(spec)
@@ -37,7 +41,7 @@ def step():
     originals.require(*originals.SGLANG, "sglang/kernels/ops/kvcache/cache_move.py")
     originals.require(*originals.SGLANG, "sglang/srt/utils/common.py")
     mod = _load("step")
-    mod._init_backends("cpu")  # conftest already pinned JAX to CPU and TRITON_INTERPRET=1
+    mod.configure("cpu")  # conftest already pinned JAX to CPU and TRITON_INTERPRET=1
     return mod
 
 
@@ -56,7 +60,7 @@ def test_step_matches_original_cpu(step):
 @pytest.mark.interop
 def test_inputs_spread_accept_lengths(step):
     pool = step.PoolShape(layers=2, kv_heads=2, head_dim=64, slots=2**14)  # sizes only, nothing allocated
-    inp = step.make_inputs(5, 4, 8, 64, pool, max_bs=64, seed=7)
+    inp = make_step_inputs(5, 4, 8, 64, pool.slots, max_bs=64, seed=7)
     lens = inp.expected_accept_lens
     assert lens.min() == 1 and lens.max() >= 5  # target_predict was built for varied acceptance
     assert inp.out_cache_loc.shape == (64 * 8,) and (inp.out_cache_loc > 0).all()  # never the dummy slot 0
@@ -76,6 +80,21 @@ def test_plot_synthetic(tmp_path):
     out = tmp_path / "step.png"
     plot_step.plot({"meta": {"device": "cpu"}, "rows": rows}, str(out))
     assert out.stat().st_size > 1000
+    # a floor six decades below the data (the H200 chain panel) must not stretch the axis over it
+    for r in rows:
+        r["floor_us"] = 1e-4 * r["bs"]
+    limits = plot_step.plot({"meta": {"device": "cpu"}, "rows": rows}, str(out))
+    assert all(lo > 10.0 and hi < 5000.0 for lo, hi in limits), limits
+    assert plot_step.main([str(_write_json(tmp_path, rows)), str(tmp_path / "cli.png")]) == 0
+    assert (tmp_path / "cli.png").stat().st_size > 1000
+
+
+def _write_json(tmp_path, rows):
+    import json
+
+    path = tmp_path / "step.json"
+    path.write_text(json.dumps({"meta": {"device": "cpu"}, "rows": rows}))
+    return path
 
 
 @pytest.mark.interop

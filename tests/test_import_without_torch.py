@@ -24,7 +24,7 @@ _SCRIPT = textwrap.dedent(
 
     import numpy as np
     import jaxspec, jaxspec.kernels, jaxspec.interop
-    from jaxspec.interop import originals, fetch, _names  # torch-free interop modules
+    from jaxspec.interop import originals, fetch, pins  # torch-free interop modules
 
     # every module of the JAX side must import without torch/triton
     broken = {}

@@ -58,7 +58,12 @@ def test_table_covers_the_harness_and_loads_without_server_packages():
 
 
 def test_every_cpu_op_is_available():
-    missing = {op: harness.available(op)[1] for op in CPU_OPS if not harness.available(op)[0]}
+    missing = {}
+    for op in CPU_OPS:
+        try:
+            harness.jaxspec_fn(op)
+        except (ImportError, AttributeError) as e:
+            missing[op] = f"{type(e).__name__}: {e}"
     assert not missing, missing
 
 
@@ -98,7 +103,34 @@ def test_check_cli_single_op(capsys):
     assert "fill_bonus_tokens" in out and "OK: 0 mismatching" in out
 
 
-def test_cuda_originals_not_imported_on_cpu():
+def test_cuda_originals_not_imported_on_cpu(monkeypatch):
+    """The CPU path of an op with a CUDA twin never imports cuda_originals (other test files may have)."""
     import sys
 
+    monkeypatch.delitem(sys.modules, "jaxspec.interop.cuda_originals", raising=False)
+    rows = harness.run_cases("verify_tree_greedy", seed=0, cases=1, max_configs=1)
+    assert rows[0].mismatches == 0
     assert "jaxspec.interop.cuda_originals" not in sys.modules
+
+
+def test_select_top_k_known_differences_are_generated_and_named():
+    """Issue 12 D13: ties and subnormal scores are generated on purpose and reported under their names (the
+    differences are real: every generated case differs), never as mismatches or silent passes."""
+    op = harness.OPS["select_top_k_tokens"]
+    assert set(op.known_differences) == {"ties", "subnormals"}
+    rows = [r for r in harness.run_cases(op.name, seed=0, cases=2) if r.config.get("case")]
+    assert sorted(r.known_class for r in rows) == ["subnormals", "ties"]
+    for r in rows:
+        assert r.mismatches == 0 and r.known == r.cases == 2, r
+        assert r.known_differing >= 1, r  # the class really differs, so reporting it is not vacuous
+    random_inputs = harness.make_inputs(op.name, np.random.default_rng(0), op.configs[1])
+    assert op.known_class(random_inputs) is None  # ordinary inputs stay strict
+
+
+def test_check_cli_reports_known_differences(capsys):
+    from jaxspec.interop import check
+
+    rc = check.main(["--ops", "select_top_k_tokens", "--cases", "1"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert "[ties]" in out and "[subnormals]" in out and "known difference select_top_k_tokens [ties]:" in out

@@ -12,30 +12,25 @@ import pytest
 
 from jaxspec.config import SpecConfig
 from jaxspec.ops.accept import fill_bonus_tokens
-from jaxspec.ops.draft import organize_draft_results, select_top_k_tokens
+from jaxspec.ops.draft import organize_draft_results
 from jaxspec.ops.tree import TreeMaskMode, build_tree
 from jaxspec.ops.verify import verify_tree_greedy
+from jaxspec.testing import draft_lists
 
 VOCAB = 50
 
 
-def _draft_lists(rng, bs, cfg):
-    """Score/token/parent lists of an S-step EAGLE draft over random (tie-free) softmax scores."""
-    k = cfg.topk
-    scores = None
-    lists = ([], [], [])
-    p = rng.dirichlet(np.ones(VOCAB), size=bs).astype(np.float32)
+def _dirichlet_topk(rng, rows, k, vocab):
+    """Top-k of random (tie-free) Dirichlet distributions over the vocabulary."""
+    p = rng.dirichlet(np.ones(vocab), size=rows).astype(np.float32)
     idx = np.argsort(-p, axis=1)[:, :k]
-    topk_p, topk_index = np.take_along_axis(p, idx, 1), idx.astype(np.int32)
-    for i in range(cfg.num_steps):
-        out = select_top_k_tokens(i, topk_p, topk_index, None, scores, topk=k)
-        scores = out.scores
-        for lst, x in zip(lists, out.tree_info):
-            lst.append(np.asarray(x))
-        p = rng.dirichlet(np.ones(VOCAB), size=bs * k).astype(np.float32)
-        idx = np.argsort(-p, axis=1)[:, :k]
-        topk_p, topk_index = np.take_along_axis(p, idx, 1), idx.astype(np.int32)
-    return lists
+    return np.take_along_axis(p, idx, 1), idx.astype(np.int64)
+
+
+def _draft_lists(rng, bs, cfg):
+    """Score/token/parent lists of an S-step EAGLE draft over random (tie-free) softmax scores (int32 ids)."""
+    d = draft_lists(rng, bs, cfg.num_steps, cfg.topk, vocab=VOCAB, draw=_dirichlet_topk)
+    return d.score_list, [t.astype(np.int32) for t in d.token_list], [p.astype(np.int32) for p in d.parents_list]
 
 
 @pytest.mark.parametrize("cfg", [SpecConfig(5, 4, 8), SpecConfig(3, 1, 4), SpecConfig(1, 3, 3)], ids=str)

@@ -154,6 +154,17 @@ def select_top_k_tokens(
     ``step`` is static (a Python int; it enters the flat-index offset), ``topk`` is static.
     Returns :class:`SelectTopKOutput`; ``input_ids`` and ``tree_info.tokens/parents`` are int32
     (int64 upstream, same values).
+
+    Agreement with SGLang's torch original: exact (same tokens, parents, hidden rows, bit-equal
+    scores) outside two classes of input, which the side-by-side harness generates and reports as
+    named known differences (``python -m jaxspec.interop.check``, column "known"):
+
+    * ties: when a row's ``K*K`` cumulative scores hold exactly equal values, jaxspec resolves the
+      tie to the lowest flat index (``lax.top_k``); torch's top-k order among equal values is
+      implementation-defined, so the chosen beams may differ (the selected score values do not).
+    * subnormals: cumulative scores below ``1.18e-38`` (float32 subnormals) compare as 0 in
+      jaxspec (XLA flushes subnormals to zero), so they tie at 0 and resolve to the lowest index;
+      torch keeps them. Deep, wide trees over flat draft distributions can reach such scores.
     """
     step = static_int("step", step, lo=0)
     k = static_int("topk", topk, lo=1)
