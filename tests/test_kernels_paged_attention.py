@@ -1,0 +1,148 @@
+"""paged_attention: reference vs a NumPy dense oracle, the Pallas kernels (interpret mode on CPU, compiled
+on a GPU) vs the reference, the bit-packed mask, edge cases and argument errors.
+
+Tolerance: inputs are rounded to the test dtype first and the oracle runs in float64 on those rounded
+values, so the only differences are float32 accumulation order (reference / kernels, ~1e-6 relative)
+plus, for kernels, the rounding of the softmax weights to the input dtype before the P@V product (as
+every flash kernel does: <= 2^-8 relative per weight for bf16, 2^-11 for fp16) and the final rounding of
+the output to the input dtype (half an ulp: 2^-9 bf16, 2^-12 fp16). Outputs are convex combinations of V
+rows with |V| <= ~3, so an absolute bound of 2^-6 (bf16) / 2^-9 (fp16) / 1e-5 (f32) holds with margin,
+while a wrong mask or a wrong page moves outputs by O(0.1-1) (checked below: the mask must matter).
+"""
+
+import numpy as np
+import pytest
+
+import jax
+import jax.numpy as jnp
+
+from jaxspec.kernels.paged_attention import (
+    paged_attention,
+    paged_attention_reference,
+    qmask_from_bits,
+    resolve_attention_implementation,
+)
+
+TOL = {jnp.float32: 1e-5, jnp.float16: 2.0**-9, jnp.bfloat16: 2.0**-6}
+
+
+def _case(seed, *, b=3, nq=4, hq=8, hkv=2, e=64, g=16, pages=24, p_width=6, dtype=jnp.float32, mask="tree",
+          lens=None):
+    rng = np.random.default_rng(seed)
+    x = pages * g
+    def r(*shape):
+        return jnp.asarray(rng.standard_normal(shape).astype(np.float32)).astype(dtype)
+    q, kn, vn = r(b, nq, hq, e), r(b, nq, hkv, e), r(b, nq, hkv, e)
+    kp, vp = r(x, hkv, e), r(x, hkv, e)
+    # every row owns distinct random pages (page 0 never handed out); unused entries are garbage
+    pt = np.full((b, p_width), -7, np.int32)
+    perm = rng.permutation(np.arange(1, pages))
+    for i in range(b):
+        pt[i] = perm[i * p_width:(i + 1) * p_width] if (i + 1) * p_width < pages else rng.integers(1, pages, p_width)
+    if lens is None:
+        lens = rng.integers(0, p_width * g + 1, b)
+        lens[0] = 0  # an empty prefix
+    lens = np.asarray(lens, np.int32)
+    for i in range(b):  # entries past the prefix are garbage (out-of-range page ids)
+        used = -(-int(lens[i]) // g)
+        pt[i, used:] = rng.integers(-5, 3 * pages, p_width - used)
+    if mask == "causal":
+        qm = np.tril(np.ones((nq, nq), bool))[None].repeat(b, 0)
+    elif mask == "tree":  # random tree: each node's parent is an earlier node
+        qm = np.zeros((b, nq, nq), bool)
+        for i in range(b):
+            par = [-1] + [int(rng.integers(0, t)) for t in range(1, nq)]
+            for t in range(nq):
+                a = t
+                while a >= 0:
+                    qm[i, t, a] = True
+                    a = par[a]
+    else:
+        qm = np.ones((b, nq, nq), bool)
+    return dict(q=q, k_new=kn, v_new=vn, k_pool=kp, v_pool=vp, page_table=jnp.asarray(pt),
+                prefix_lens=jnp.asarray(lens), qmask=jnp.asarray(qm)), g
+
+
+def _oracle(a, g, scale):
+    q, kn, vn, kp, vp = (np.asarray(a[k].astype(jnp.float32), np.float64) for k in ("q", "k_new", "v_new", "k_pool", "v_pool"))
+    pt, lens, qm = np.asarray(a["page_table"]), np.asarray(a["prefix_lens"]), np.asarray(a["qmask"])
+    b, nq, hq, e = q.shape
+    hkv = kn.shape[2]
+    out = np.zeros_like(q)
+    for i in range(b):
+        slots = [pt[i, p // g] * g + p % g for p in range(lens[i])]
+        for t in range(nq):
+            fresh = [j for j in range(nq) if qm[i, t, j]]
+            for h in range(hq):
+                kh = h // (hq // hkv)
+                keys = np.concatenate([kp[slots, kh], kn[i, fresh, kh]]) if slots else kn[i, fresh, kh]
+                vals = np.concatenate([vp[slots, kh], vn[i, fresh, kh]]) if slots else vn[i, fresh, kh]
+                s = keys @ q[i, t, h] * scale
+                p = np.exp(s - s.max())
+                out[i, t, h] = p @ vals / p.sum()
+    return out
+
+
+def _run(a, g, impl, **kw):
+    return paged_attention(**a, page_size=g, sm_scale=a["q"].shape[-1] ** -0.5, implementation=impl, **kw)
+
+
+@pytest.mark.parametrize("mask", ["tree", "causal", "ones"])
+def test_reference_matches_oracle_and_mask_matters(mask):
+    seed = int(np.random.SeedSequence().entropy % 2**31)
+    a, g = _case(seed, mask=mask, nq=1 if mask == "ones" else 5)
+    scale = a["q"].shape[-1] ** -0.5
+    want = _oracle(a, g, scale)
+    got = paged_attention_reference(**a, page_size=g, sm_scale=scale)
+    np.testing.assert_allclose(np.asarray(got), want, atol=TOL[jnp.float32], err_msg=f"seed {seed}")
+    if mask != "ones":  # flipping the mask (all visible) must change the answer
+        wrong = dict(a, qmask=jnp.ones_like(a["qmask"]))
+        assert np.abs(_oracle(wrong, g, scale) - want).max() > 1e-2
+
+
+def test_bitpacked_mask_equals_bool_mask():
+    a, g = _case(1, nq=6, mask="tree")
+    qm = np.asarray(a["qmask"])
+    bits = (qm * (1 << np.arange(6))[None, None, :]).sum(-1).astype(np.uint8).reshape(-1)
+    np.testing.assert_array_equal(np.asarray(qmask_from_bits(jnp.asarray(bits), 6)), qm)
+    scale = 0.125
+    got = paged_attention_reference(**dict(a, qmask=None), qmask_bits=jnp.asarray(bits), page_size=g, sm_scale=scale)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(paged_attention_reference(**a, page_size=g, sm_scale=scale)))
+
+
+@pytest.mark.parametrize("dtype,g,hq,hkv,e,nq", [
+    (jnp.float32, 16, 8, 2, 64, 4),
+    (jnp.float16, 1, 4, 4, 64, 1),
+    (jnp.float32, 64, 8, 1, 128, 3),
+])
+def test_triton_interpret_matches_reference(dtype, g, hq, hkv, e, nq):
+    seed = int(np.random.SeedSequence().entropy % 2**31)
+    a, g = _case(seed, b=3, nq=nq, hq=hq, hkv=hkv, e=e, g=g, pages=max(24, 4 * 6 + 2) if g > 1 else 200,
+                 p_width=6 if g > 1 else 90, dtype=dtype)
+    want = _run(a, g, "reference")
+    got = _run(a, g, "triton", interpret=True, num_splits=2)
+    np.testing.assert_allclose(np.asarray(got.astype(jnp.float32)), np.asarray(want.astype(jnp.float32)),
+                               atol=TOL[dtype], err_msg=f"seed {seed}")
+
+
+def test_auto_resolves_to_something_that_runs():
+    q = jnp.zeros((1, 1, 4, 64), jnp.bfloat16)
+    on_gpu = jax.default_backend() == "gpu"
+    assert resolve_attention_implementation("auto", q, 16, False) == ("mosaic" if on_gpu else "reference")
+    assert resolve_attention_implementation("reference", q, 1, False) == "reference"
+    with pytest.raises(ValueError, match="mosaic"):
+        resolve_attention_implementation("mosaic", q, 1, False)  # page size 1: not for the Mosaic kernel
+
+
+def test_bad_arguments_raise():
+    a, g = _case(0)
+    with pytest.raises(ValueError, match="page_table"):
+        paged_attention_reference(**dict(a, page_table=a["page_table"][:1]), page_size=g, sm_scale=0.1)
+    with pytest.raises(ValueError, match="qmask"):
+        paged_attention_reference(**dict(a, qmask=a["qmask"][:, :1]), page_size=g, sm_scale=0.1)
+    with pytest.raises(ValueError, match="page_size"):
+        paged_attention_reference(**a, page_size=7, sm_scale=0.1)
+    with pytest.raises(ValueError, match="k_new"):
+        paged_attention_reference(**dict(a, k_new=a["k_new"][:, :, :1, :3]), page_size=g, sm_scale=0.1)
+    with pytest.raises(ValueError, match="implementation"):
+        _run(a, g, "cuda")
