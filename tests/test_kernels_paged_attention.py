@@ -188,3 +188,30 @@ def test_gpu_kernels_match_reference(impl, dtype, g, hq, hkv, e, nq, mask):
         got = _run(a, g, impl, num_splits=splits)
         np.testing.assert_allclose(np.asarray(got.astype(jnp.float32)), np.asarray(want.astype(jnp.float32)),
                                    atol=TOL[dtype], err_msg=f"seed {seed} splits {splits}")
+
+
+@pytest.mark.interop
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the interpreter's -inf - -inf in SGLang's empty kv splits
+@pytest.mark.parametrize("nq,mask", [(5, "tree"), (3, "causal"), (1, "ones")])
+def test_side_by_side_with_sglang_originals(nq, mask):
+    """Ours (reference, and the Triton kernel in interpret mode) vs SGLang 0.5.23's extend_attention_fwd
+    (custom_mask) and, for Q = 1, decode_attention_fwd, on the same buffers, fp16 (the CPU Triton
+    interpreter miscomputes bf16 dots). Same tolerance as above for fp16; the wrong-mask run must fail it."""
+    pytest.importorskip("torch")
+    from jaxspec.interop.attention_originals import run_decode, run_extend
+
+    seed = int(np.random.SeedSequence().entropy % 2**31)
+    a, g = _case(seed, b=3, nq=nq, hq=8, hkv=2, e=64, g=16, pages=24, p_width=6, dtype=jnp.float16, mask=mask)
+    scale = 0.125
+    ref = np.asarray(paged_attention_reference(**a, page_size=g, sm_scale=scale).astype(jnp.float32))
+    ours = np.asarray(_run(a, g, "triton", interpret=True).astype(jnp.float32))
+    orig = run_extend(**a, page_size=g, sm_scale=scale)
+    tol = TOL[jnp.float16]
+    np.testing.assert_allclose(orig, ref, atol=tol, err_msg=f"extend vs reference, seed {seed}")
+    np.testing.assert_allclose(ours, orig, atol=tol, err_msg=f"triton vs extend, seed {seed}")
+    if mask != "ones":
+        wrong = run_extend(**dict(a, qmask=jnp.ones_like(a["qmask"])), page_size=g, sm_scale=scale)
+        assert np.abs(wrong - ref).max() > 10 * tol
+    else:
+        dec = run_decode(**{k: v for k, v in a.items() if k != "qmask"}, page_size=g, sm_scale=scale)
+        np.testing.assert_allclose(dec, ref, atol=tol, err_msg=f"decode vs reference, seed {seed}")
