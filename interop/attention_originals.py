@@ -32,7 +32,10 @@ import numpy as np
 
 from jaxspec.interop.originals import SGLANG, OriginalsMissing, _stub, original_path
 
-__all__ = ["ATTENTION_FILES", "load_attention_originals", "sglang_layout", "run_extend", "run_decode"]
+__all__ = [
+    "ATTENTION_FILES", "load_attention_originals", "sglang_layout", "extend_call", "decode_call", "run_extend",
+    "run_decode",
+]
 
 _DIR = "sglang/kernels/ops/attention"
 ATTENTION_FILES = {  # in-wheel path -> sha256 (sglang-0.5.23, any manylinux cp311/cp312 wheel)
@@ -136,22 +139,36 @@ def sglang_layout(page_table, prefix_lens, page_size: int):
 
 
 def _t(x, device, dtype=None):
+    """A torch tensor on ``device`` from NumPy / JAX / torch (JAX arrays on a GPU: a zero-copy DLPack view)."""
     import torch
 
-    arr = np.asarray(x.astype("float32") if str(getattr(x, "dtype", "")) == "bfloat16" else x)
-    t = torch.from_numpy(np.array(arr)).to(device)  # a writable host copy
-    return t.to(dtype) if dtype is not None else t
+    if isinstance(x, torch.Tensor):
+        t = x.to(device)
+    elif device != "cpu" and hasattr(x, "devices") and next(iter(x.devices())).platform == "gpu":
+        from jaxspec.interop.dlpack import to_torch
+
+        t = to_torch(x, copy=False)
+    else:
+        arr = np.asarray(x.astype("float32") if str(getattr(x, "dtype", "")) == "bfloat16" else x)
+        t = torch.from_numpy(np.array(arr)).to(device)  # a writable host copy
+    return t.to(dtype) if dtype is not None and t.dtype != dtype else t
 
 
-def run_extend(q, k_new, v_new, k_pool, v_pool, page_table, prefix_lens, qmask, *, page_size, sm_scale,
-               device="cpu", dtype=None):
-    """SGLang's ``extend_attention_fwd`` with ``custom_mask`` = ``qmask`` on the same buffers (NumPy /
-    JAX inputs, torch ``dtype``, default: q's); returns a float32 NumPy ``[B, Q, Hq, E]``."""
+def _dtype(q, dtype):
+    import torch
+
+    return dtype or getattr(torch, str(q.dtype))
+
+
+def extend_call(q, k_new, v_new, k_pool, v_pool, page_table, prefix_lens, qmask, *, page_size, sm_scale,
+                device="cpu", dtype=None):
+    """``(run, out)``: ``run()`` launches SGLang's ``extend_attention_fwd`` with ``custom_mask`` = ``qmask``
+    on buffers prepared once (torch ``dtype``, default q's), writing ``out [B*Q, Hq, E]``."""
     import torch
 
     fns = load_attention_originals()
     b, nq, hq, e = q.shape
-    tdt = dtype or getattr(torch, str(q.dtype))
+    tdt = _dtype(q, dtype)
     indptr, indices = sglang_layout(page_table, prefix_lens, page_size)
     lens = np.asarray(prefix_lens).astype(np.int64)
     qm = np.asarray(qmask)
@@ -159,25 +176,25 @@ def run_extend(q, k_new, v_new, k_pool, v_pool, page_table, prefix_lens, qmask, 
                            .reshape(-1) for i in range(b)])
     mask_indptr = np.concatenate([[0], np.cumsum(nq * (lens + nq))]).astype(np.int64)
     o = torch.empty((b * nq, hq, e), dtype=tdt, device=device)
-    fns.extend_attention_fwd(
+    args = (
         _t(q, device, tdt).reshape(b * nq, hq, e), _t(k_new, device, tdt).reshape(b * nq, -1, e),
         _t(v_new, device, tdt).reshape(b * nq, -1, e), o, _t(k_pool, device, tdt), _t(v_pool, device, tdt),
         torch.arange(0, (b + 1) * nq, nq, dtype=torch.int32, device=device), _t(indptr, device),
-        _t(indices, device), _t(mask, device), False, _t(mask_indptr, device), nq, 1.0, 1.0, sm_scale=sm_scale)
-    return o.float().cpu().numpy().reshape(b, nq, hq, e)
+        _t(indices, device), _t(mask, device), False, _t(mask_indptr, device), nq, 1.0, 1.0)
+    return (lambda: fns.extend_attention_fwd(*args, sm_scale=sm_scale)), o
 
 
-def run_decode(q, k_new, v_new, k_pool, v_pool, page_table, prefix_lens, *, page_size, sm_scale, device="cpu",
-               dtype=None, max_kv_splits=DEFAULT_MAX_KV_SPLITS):
-    """SGLang's ``decode_attention_fwd`` (``Q == 1``): the fresh K/V go into ``B`` extra slots appended to
-    copies of the pools (SGLang writes them before attending); returns float32 NumPy ``[B, 1, Hq, E]``."""
+def decode_call(q, k_new, v_new, k_pool, v_pool, page_table, prefix_lens, *, page_size, sm_scale, device="cpu",
+                dtype=None, max_kv_splits=DEFAULT_MAX_KV_SPLITS):
+    """``(run, out)`` for SGLang's ``decode_attention_fwd`` (``Q == 1``): the fresh K/V go into ``B`` extra
+    slots appended to copies of the pools (SGLang writes them before attending)."""
     import torch
 
     fns = load_attention_originals()
     b, nq, hq, e = q.shape
     if nq != 1:
         raise ValueError(f"q: decode_attention_fwd takes one query token per request, got Q={nq}")
-    tdt = dtype or getattr(torch, str(q.dtype))
+    tdt = _dtype(q, dtype)
     x = k_pool.shape[0]
     kb = torch.cat([_t(k_pool, device, tdt), _t(k_new, device, tdt).reshape(b, -1, e)])
     vb = torch.cat([_t(v_pool, device, tdt), _t(v_new, device, tdt).reshape(b, -1, e)])
@@ -189,6 +206,24 @@ def run_decode(q, k_new, v_new, k_pool, v_pool, page_table, prefix_lens, *, page
     logits = torch.empty((b, hq, max_kv_splits, e), dtype=torch.float32, device=device)
     lse = torch.empty((b, hq, max_kv_splits), dtype=torch.float32, device=device)
     splits = torch.full((b,), max_kv_splits, dtype=torch.int32, device=device)
-    fns.decode_attention_fwd(_t(q, device, tdt).reshape(b, hq, e), kb, vb, o, _t(full_ptr, device),
-                             _t(full, device), logits, lse, splits, max_kv_splits, sm_scale, 1.0, 1.0)
-    return o.float().cpu().numpy().reshape(b, 1, hq, e)
+    args = (_t(q, device, tdt).reshape(b, hq, e), kb, vb, o, _t(full_ptr, device), _t(full, device), logits, lse,
+            splits, max_kv_splits, sm_scale, 1.0, 1.0)
+    return (lambda: fns.decode_attention_fwd(*args)), o
+
+
+def run_extend(q, k_new, v_new, k_pool, v_pool, page_table, prefix_lens, qmask, *, page_size, sm_scale,
+               device="cpu", dtype=None):
+    """SGLang's ``extend_attention_fwd`` on the same buffers; float32 NumPy ``[B, Q, Hq, E]``."""
+    run, o = extend_call(q, k_new, v_new, k_pool, v_pool, page_table, prefix_lens, qmask, page_size=page_size,
+                         sm_scale=sm_scale, device=device, dtype=dtype)
+    run()
+    return o.float().cpu().numpy().reshape(q.shape)
+
+
+def run_decode(q, k_new, v_new, k_pool, v_pool, page_table, prefix_lens, *, page_size, sm_scale, device="cpu",
+               dtype=None, max_kv_splits=DEFAULT_MAX_KV_SPLITS):
+    """SGLang's ``decode_attention_fwd`` (``Q == 1``) on the same buffers; float32 NumPy ``[B, 1, Hq, E]``."""
+    run, o = decode_call(q, k_new, v_new, k_pool, v_pool, page_table, prefix_lens, page_size=page_size,
+                         sm_scale=sm_scale, device=device, dtype=dtype, max_kv_splits=max_kv_splits)
+    run()
+    return o.float().cpu().numpy().reshape(q.shape)
