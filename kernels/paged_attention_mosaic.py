@@ -27,6 +27,7 @@ from jaxspec.kernels._mosaic_gpu import interpret_params, pl, plgpu
 from jaxspec.kernels.paged_attention import LOG2E, default_num_splits, query_rows
 
 ROWS = 64  # one wgmma M tile
+BLOCK = 64  # default prefix tokens per step
 _NT = (((1,), (1,)), ((), ()))  # a @ b.T
 _NN = (((1,), (0,)), ((), ()))  # a @ b
 
@@ -61,10 +62,11 @@ def _body(q_ref, k_ref, v_ref, pt_ref, len_ref, acc_out, m_out, l_out, *, page_s
     def main(q_smem, k_smem, v_smem, q_bar, k_bar, v_bar):
         plgpu.copy_gmem_to_smem(q_ref.at[b, h, pl.ds(tile * ROWS, ROWS)], q_smem, q_bar.at[0])
 
-        def issue(blk, slot):
-            for i in range(ppb):
-                pidx = jnp.minimum(blk * ppb + i, width - 1)
-                page = jnp.clip(pt_ref[b, pidx], 0, num_pages - 1)
+        def page_ids(blk):  # scalar loads of the block's page ids (clamped into the pool)
+            return [jnp.clip(pt_ref[b, jnp.minimum(blk * ppb + i, width - 1)], 0, num_pages - 1) for i in range(ppb)]
+
+        def issue(pages, slot):
+            for i, page in enumerate(pages):
                 src = pl.ds(page * g, g)
                 plgpu.copy_gmem_to_smem(k_ref.at[src, h], k_smem.at[slot, pl.ds(i * g, g)], k_bar.at[slot])
                 plgpu.copy_gmem_to_smem(v_ref.at[src, h], v_smem.at[slot, pl.ds(i * g, g)], v_bar.at[slot])
@@ -72,7 +74,7 @@ def _body(q_ref, k_ref, v_ref, pt_ref, len_ref, acc_out, m_out, l_out, *, page_s
         for t in range(stages):
             @pl.when(t < cnt)
             def _():
-                issue(lo + t, t)
+                issue(page_ids(lo + t), t)
 
         plgpu.barrier_wait(q_bar.at[0])
         m0 = cast(jnp.full((ROWS,), -jnp.inf, jnp.float32), plgpu.Layout.WGMMA.reduce(1))
@@ -82,6 +84,7 @@ def _body(q_ref, k_ref, v_ref, pt_ref, len_ref, acc_out, m_out, l_out, *, page_s
         def step(t, carry):
             acc, m_i, l_i = carry
             slot = lax.rem(t, jnp.int32(stages))
+            next_pages = page_ids(lo + t + stages)  # read early: their latency overlaps this block's math
             plgpu.barrier_wait(k_bar.at[slot])
 
             def qk_fn(acc_ref):
@@ -114,7 +117,7 @@ def _body(q_ref, k_ref, v_ref, pt_ref, len_ref, acc_out, m_out, l_out, *, page_s
 
             @pl.when(t + stages < cnt)
             def _():
-                issue(lo + t + stages, slot)
+                issue(next_pages, slot)
 
             return acc, m_new, l_i
 
@@ -145,17 +148,22 @@ def _body(q_ref, k_ref, v_ref, pt_ref, len_ref, acc_out, m_out, l_out, *, page_s
                   plgpu.SMEM((ROWS,), jnp.float32))
 
 
-@functools.partial(jax.jit, static_argnames=("hkv", "page_size", "sm_scale", "num_splits", "interpret"))
+@functools.partial(jax.jit, static_argnames=("hkv", "page_size", "sm_scale", "num_splits", "interpret", "block",
+                                             "stages"))
 def prefix_partials(q, hkv, k_pool, v_pool, page_table, prefix_lens, *, page_size, sm_scale, num_splits=None,
-                    interpret=False):
-    """``(acc, m, l)`` prefix partials (module docstring) for ``q [B,Q,Hq,E]`` over the paged pool."""
+                    interpret=False, block=None, stages=None):
+    """``(acc, m, l)`` prefix partials (module docstring) for ``q [B,Q,Hq,E]`` over the paged pool.
+    ``block`` (prefix tokens per step, a multiple of 64 and of the page size) and ``stages`` (blocks in
+    flight) default to ``BLOCK`` / what fits in shared memory."""
     b, nq, hq, e = q.shape
     tiles = max(1, math.ceil(nq * (hq // hkv) / ROWS))
     rows = tiles * ROWS
-    block = max(64, page_size)
+    block = block or max(BLOCK, page_size)
+    if block % 64 or block % page_size:
+        raise ValueError(f"block: expected a multiple of 64 and of page_size={page_size}, got {block}")
     width = page_table.shape[1]
     s = num_splits or default_num_splits(b, hkv * tiles, width * page_size, block)
-    stages = _stages(e, block, q.dtype.itemsize)
+    stages = stages or _stages(e, block, q.dtype.itemsize)
     body = functools.partial(
         _body, page_size=page_size, num_pages=k_pool.shape[0] // page_size, width=width, block=block,
         stages=stages, tiles=tiles, num_splits=s, scale=float(sm_scale * LOG2E), dtype=q.dtype,
