@@ -180,7 +180,7 @@ def extend_call(q, k_new, v_new, k_pool, v_pool, page_table, prefix_lens, qmask,
         _t(q, device, tdt).reshape(b * nq, hq, e), _t(k_new, device, tdt).reshape(b * nq, -1, e),
         _t(v_new, device, tdt).reshape(b * nq, -1, e), o, _t(k_pool, device, tdt), _t(v_pool, device, tdt),
         torch.arange(0, (b + 1) * nq, nq, dtype=torch.int32, device=device), _t(indptr, device),
-        _t(indices, device), _t(mask, device), False, _t(mask_indptr, device), nq, 1.0, 1.0)
+        _t(indices.astype(np.int64), device), _t(mask, device), False, _t(mask_indptr, device), nq, 1.0, 1.0)
     return (lambda: fns.extend_attention_fwd(*args, sm_scale=sm_scale)), o
 
 
@@ -200,7 +200,9 @@ def decode_call(q, k_new, v_new, k_pool, v_pool, page_table, prefix_lens, *, pag
     vb = torch.cat([_t(v_pool, device, tdt), _t(v_new, device, tdt).reshape(b, -1, e)])
     indptr, indices = sglang_layout(page_table, prefix_lens, page_size)
     lens = np.asarray(prefix_lens)
-    full = np.concatenate([np.append(indices[indptr[i]:indptr[i + 1]], x + i) for i in range(b)]).astype(np.int32)
+    # int64 slots, as SGLang's Triton backend builds kv_indices: the kernels' pointer offsets are
+    # kv_index * row stride, which overflows int32 once the pool has more than 2**31 elements
+    full = np.concatenate([np.append(indices[indptr[i]:indptr[i + 1]], x + i) for i in range(b)]).astype(np.int64)
     full_ptr = np.concatenate([[0], np.cumsum(lens + 1)]).astype(np.int32)
     o = torch.empty((b, hq, e), dtype=tdt, device=device)
     logits = torch.empty((b, hq, max_kv_splits, e), dtype=torch.float32, device=device)
