@@ -191,10 +191,11 @@ def merge_partials(q, fresh, acc, m, l):
 
 
 def default_num_splits(batch: int, hkv: int, max_tokens: int, block: int, *, programs: int = 264) -> int:
-    """Prefix slices per (request, KV head): enough programs to fill the GPU (~2 per SM on an H200),
-    at least 4 blocks of ``block`` tokens per slice."""
-    want = max(1, -(-programs // (batch * hkv)))
-    return int(max(1, min(want, max_tokens // (4 * block))))
+    """Prefix slices per (request, KV head): as many as fit in ONE wave of ``programs`` (2 resident
+    programs per SM on the H200's 132 SMs; a second, partial wave would idle most SMs), at least 4
+    blocks of ``block`` tokens per slice."""
+    fit = max(1, programs // (batch * hkv))
+    return int(max(1, min(fit, max_tokens // (4 * block))))
 
 
 # ----------------------------------------------------------------------------------------------------

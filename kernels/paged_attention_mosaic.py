@@ -11,8 +11,8 @@ rows take more row tiles ``T``) and walks its slice of the prefix ``block`` toke
 * ``S = q @ K^T`` and ``acc += P @ V`` run on the tensor cores (wgmma, f32 accumulators in registers),
   with an online base-2 softmax in between; positions ``>= prefix_lens[b]`` are masked.
 
-Outputs the unnormalised partials ``acc f32[B,Hkv,S,T*64,E]``, ``m, l f32[B,Hkv,S,T*64]`` (``-inf`` / 0
-for an empty slice), merged with the fresh tokens by ``paged_attention.merge_partials``.
+Outputs the unnormalised partials ``acc f32[B,Hkv,S,R,E]``, ``m, l f32[B,Hkv,S,R]`` (``-inf`` / 0
+for an empty slice; ``R`` = ``Q * group`` rounded up to 8 for one row tile, ``T * 64`` for more), merged with the fresh tokens by ``paged_attention.merge_partials``.
 Requirements (checked by the caller): bf16 / fp16, head_dim % 64 == 0, page size % 8 == 0 and <= 128.
 """
 
@@ -41,7 +41,7 @@ def _stages(e: int, block: int, itemsize: int) -> int:
 
 
 def _body(q_ref, k_ref, v_ref, pt_ref, len_ref, acc_out, m_out, l_out, *, page_size, num_pages, width, block,
-          stages, tiles, num_splits, scale, dtype, interpret):
+          stages, tiles, out_rows, num_splits, scale, dtype, interpret):
     g = page_size
     # the GPU interpreter has no layout_cast (layouts only matter to the compiler)
     cast = (lambda x, layout: x) if interpret else plgpu.layout_cast
@@ -141,10 +141,11 @@ def _body(q_ref, k_ref, v_ref, pt_ref, len_ref, acc_out, m_out, l_out, *, page_s
         m_smem[...] = m_i
         l_smem[...] = l_i
         plgpu.commit_smem()
-        rows = pl.ds(tile * ROWS, ROWS)
-        plgpu.copy_smem_to_gmem(o_smem, acc_out.at[b, h, s_idx, rows])
-        plgpu.copy_smem_to_gmem(m_smem, m_out.at[b, h, s_idx, rows])
-        plgpu.copy_smem_to_gmem(l_smem, l_out.at[b, h, s_idx, rows])
+        # only the rows that hold queries (a multiple of 8) go out: decode / verify use 4-64 of the 64
+        src, dst = pl.ds(0, out_rows), pl.ds(tile * out_rows, out_rows)
+        plgpu.copy_smem_to_gmem(o_smem.at[src], acc_out.at[b, h, s_idx, dst])
+        plgpu.copy_smem_to_gmem(m_smem.at[src], m_out.at[b, h, s_idx, dst])
+        plgpu.copy_smem_to_gmem(l_smem.at[src], l_out.at[b, h, s_idx, dst])
         plgpu.wait_smem_to_gmem(0)
 
     pl.run_scoped(write, plgpu.SMEM((ROWS, e), jnp.float32), plgpu.SMEM((ROWS,), jnp.float32),
@@ -160,7 +161,8 @@ def prefix_partials(q, hkv, k_pool, v_pool, page_table, prefix_lens, *, page_siz
     flight) default to ``BLOCK`` / what fits in shared memory."""
     b, nq, hq, e = q.shape
     tiles = max(1, math.ceil(nq * (hq // hkv) / ROWS))
-    rows = tiles * ROWS
+    out_rows = ROWS if tiles > 1 else -(-nq * (hq // hkv) // 8) * 8  # rows written per tile
+    rows = tiles * out_rows
     block = block or max(BLOCK, page_size)
     if block % 64 or block % page_size:
         raise ValueError(f"block: expected a multiple of 64 and of page_size={page_size}, got {block}")
@@ -169,7 +171,7 @@ def prefix_partials(q, hkv, k_pool, v_pool, page_table, prefix_lens, *, page_siz
     stages = stages or _stages(e, block, q.dtype.itemsize)
     body = functools.partial(
         _body, page_size=page_size, num_pages=k_pool.shape[0] // page_size, width=width, block=block,
-        stages=stages, tiles=tiles, num_splits=s, scale=float(sm_scale * LOG2E), dtype=q.dtype,
+        stages=stages, tiles=tiles, out_rows=out_rows, num_splits=s, scale=float(sm_scale * LOG2E), dtype=q.dtype,
         interpret=bool(interpret))
     f32 = jnp.float32
     kernel = plgpu.kernel(
@@ -181,4 +183,4 @@ def prefix_partials(q, hkv, k_pool, v_pool, page_table, prefix_lens, *, page_siz
         compiler_params=plgpu.CompilerParams(approx_math=True),
         interpret=interpret_params() if interpret else None,
     )
-    return kernel(query_rows(q, hkv, rows), k_pool, v_pool, page_table, prefix_lens)
+    return kernel(query_rows(q, hkv, tiles * ROWS), k_pool, v_pool, page_table, prefix_lens)

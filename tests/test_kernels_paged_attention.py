@@ -149,7 +149,7 @@ def test_bad_arguments_raise():
 
 
 @pytest.mark.parametrize("dtype,g,hq,hkv,e,nq,splits", [
-    (jnp.bfloat16, 16, 8, 2, 64, 4, 2),  # 64-token blocks of 4 pages, 2 prefix slices
+    (jnp.bfloat16, 16, 8, 2, 64, 5, 2),  # 64-token blocks of 4 pages, 2 prefix slices, 20 of 24 rows out
     (jnp.float16, 64, 16, 2, 128, 9, 1),  # 72 query rows: two 64-row tiles
 ])
 def test_mosaic_interpret_matches_reference(dtype, g, hq, hkv, e, nq, splits):
