@@ -12,7 +12,10 @@ Layout (``jaxspec.protocols.AttentionMetadata``): token ``pos`` of row ``b`` liv
 Every query row must see at least itself (``qmask[b, i, i]`` true): then no softmax row is empty. Padded
 batch rows (``prefix_lens = 0``, identity ``qmask``) are computed like any other and can be ignored.
 Page-table entries past ``cdiv(prefix_lens[b], G)`` are never trusted: they are clamped into the pool
-and masked out.
+and masked out. Pool slots outside the prefixes may hold anything for the reference and the Triton
+kernel; the Mosaic kernel copies whole pages (and re-reads a request's last page for the tail of its
+last block), so the slots of a request's LAST page past its prefix must hold finite values (stale K/V
+or the zero-initialised pool do; a NaN there would reach the output through ``0 * NaN`` in ``P @ V``).
 
 Implementations (``implementation=``):
 
@@ -126,6 +129,7 @@ def _reference(q, k_new, v_new, k_pool, v_pool, page_table, prefix_lens, qmask, 
     w = slots.shape[1]
     pre_ok = jnp.arange(w, dtype=jnp.int32)[None, :] < prefix_lens[:, None]
     s_pre = jnp.where(pre_ok[:, None, None, None, :], s_pre * f32(sm_scale), -jnp.inf)
+    v_pre = jnp.where(pre_ok[:, :, None, None], v_pre, jnp.zeros((), v_pre.dtype))  # 0 * NaN garbage is NaN
     s_new = jnp.where(qmask[:, None, None, :, :], s_new * f32(sm_scale), -jnp.inf)
     p = jax.nn.softmax(jnp.concatenate([s_pre, s_new], axis=-1), axis=-1)
     v = jnp.concatenate([v_pre, v_new], axis=1)
@@ -223,38 +227,41 @@ def _triton_lowering_available() -> bool:
 
 
 def resolve_attention_implementation(implementation, q, page_size, interpret) -> str:
-    """``"mosaic" | "triton" | "reference"`` for this call (``ValueError`` for an explicit impossible choice)."""
+    """``"mosaic" | "triton" | "reference"`` for this call (``ValueError`` for an explicit impossible choice).
+
+    ``auto``: on a GPU (not interpreting) the Mosaic kernel where it applies on Hopper, else the Triton
+    kernel while jax has that lowering, else the reference; interpreting (CPU tests): the Triton kernel
+    (the Mosaic GPU interpreter is ~50x slower), else the reference; no GPU: the reference.
+    ``pallas``: the Mosaic kernel where it applies, else the Triton kernel, else ``ValueError``.
+    """
     from jaxspec.kernels._mosaic_gpu import hopper_available
 
     if implementation not in _IMPLS:
         raise ValueError(f"implementation: expected one of {_IMPLS}, got {implementation!r}")
     if implementation == "reference":
         return "reference"
-    on_gpu = jax.default_backend() == "gpu"
     why = _mosaic_supported(q, page_size)
+    mosaic_ok = why is None and (interpret or hopper_available())
+    triton_ok = _triton_lowering_available() and (interpret or jax.default_backend() == "gpu")
     if implementation == "mosaic":
-        if why:
-            raise ValueError(f"implementation='mosaic' does not support {why}")
-        if not (interpret or hopper_available()):
-            raise ValueError("implementation='mosaic' needs a Hopper GPU or interpret=True")
+        if not mosaic_ok:
+            raise ValueError(f"implementation='mosaic' does not support {why or 'this device (needs a Hopper GPU or interpret=True)'}")
         return "mosaic"
     if implementation == "triton":
-        if not _triton_lowering_available():
-            raise ValueError("implementation='triton': this jax has no Pallas Triton lowering")
-        if not (interpret or on_gpu):
-            raise ValueError("implementation='triton' needs a CUDA GPU or interpret=True")
+        if not triton_ok:
+            raise ValueError("implementation='triton' needs jax's Pallas Triton lowering and a CUDA GPU or interpret=True")
         return "triton"
-    if implementation == "pallas" or (implementation == "auto" and on_gpu and not interpret):
-        if why is None and (interpret or hopper_available()) and not (implementation == "auto" and interpret):
+    if implementation == "pallas":
+        if mosaic_ok:
             return "mosaic"
-        if _triton_lowering_available() and (interpret or on_gpu):
+        if triton_ok:
             return "triton"
-        if implementation == "pallas":
-            raise ValueError(f"implementation='pallas': no Pallas kernel for this call ({why or 'no GPU'})")
-        return "reference"
-    if implementation == "auto" and interpret and _triton_lowering_available():
-        return "triton"
-    return "reference"
+        raise ValueError(f"implementation='pallas': no Pallas kernel for this call ({why or 'no GPU'})")
+    if interpret:  # auto
+        return "triton" if triton_ok else "reference"
+    if mosaic_ok:
+        return "mosaic"
+    return "triton" if triton_ok else "reference"
 
 
 def paged_attention(

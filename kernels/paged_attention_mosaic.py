@@ -57,6 +57,7 @@ def _body(q_ref, k_ref, v_ref, pt_ref, len_ref, acc_out, m_out, l_out, *, page_s
     per = lax.div(nblk + (num_splits - 1), jnp.int32(num_splits))
     lo = jnp.minimum(s_idx * per, nblk)
     cnt = jnp.minimum(lo + per, nblk) - lo
+    last_page = jnp.minimum(lax.div(n + (g - 1), jnp.int32(g)) - 1, width - 1)  # only read when n > 0
 
     tiling = plgpu.TilingTransform((8, 128 // jnp.dtype(dtype).itemsize))
     swizzle = plgpu.SwizzleTransform(128)
@@ -64,8 +65,11 @@ def _body(q_ref, k_ref, v_ref, pt_ref, len_ref, acc_out, m_out, l_out, *, page_s
     def main(q_smem, k_smem, v_smem, q_bar, k_bar, v_bar):
         plgpu.copy_gmem_to_smem(q_ref.at[b, h, pl.ds(tile * ROWS, ROWS)], q_smem, q_bar.at[0])
 
-        def page_ids(blk):  # scalar loads of the block's page ids (clamped into the pool)
-            return [jnp.clip(pt_ref[b, jnp.minimum(blk * ppb + i, width - 1)], 0, num_pages - 1) for i in range(ppb)]
+        def page_ids(blk):
+            # Scalar loads of the block's page ids. Pages past the request's last used page (the tail of
+            # its last block) re-read that last page instead of trusting page-table garbage: the data is
+            # masked either way, but must be finite (0 * NaN in P @ V); ids are clamped into the pool.
+            return [jnp.clip(pt_ref[b, jnp.minimum(blk * ppb + i, last_page)], 0, num_pages - 1) for i in range(ppb)]
 
         def issue(pages, slot):
             for i, page in enumerate(pages):

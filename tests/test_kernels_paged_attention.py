@@ -215,3 +215,31 @@ def test_side_by_side_with_sglang_originals(nq, mask):
     else:
         dec = run_decode(**{k: v for k, v in a.items() if k != "qmask"}, page_size=g, sm_scale=scale)
         np.testing.assert_allclose(dec, ref, atol=tol, err_msg=f"decode vs reference, seed {seed}")
+
+
+@pytest.mark.parametrize("impl", ["reference", "triton", "mosaic"])
+def test_slots_outside_the_prefixes_are_never_used(impl):
+    """Poison: every pool slot outside the requests' prefixes is NaN (for the Mosaic kernel, which copies
+    whole pages: every slot outside the requests' used pages, the last page's tail keeps finite stale
+    values, see the module docstring); the answer must equal the unpoisoned one bit for bit."""
+    dtype = jnp.float32 if impl != "mosaic" else jnp.bfloat16
+    a, g = _case(11, b=3, nq=3, hq=4, hkv=2, e=64, g=16, pages=24, p_width=5, dtype=dtype, lens=[0, 37, 80])
+    pt, lens = np.asarray(a["page_table"]).copy(), np.asarray(a["prefix_lens"])
+    for i in range(3):  # garbage entries past the used pages point at page 0: never handed out, all NaN below
+        pt[i, -(-int(lens[i]) // g):] = 0
+    a["page_table"] = jnp.asarray(pt)
+    keep = np.zeros(a["k_pool"].shape[0], bool)
+    for i in range(3):
+        for pos in range(int(lens[i])):
+            page = pt[i, pos // g]
+            if impl == "mosaic":
+                keep[page * g:(page + 1) * g] = True
+            else:
+                keep[page * g + pos % g] = True
+    nan = jnp.asarray(np.where(keep[:, None, None], 0.0, np.nan).astype(np.float32)).astype(dtype)
+    poisoned = dict(a, k_pool=a["k_pool"] + nan, v_pool=a["v_pool"] + nan)
+    kw = dict(interpret=True) if impl != "reference" else {}
+    want = np.asarray(_run(a, g, impl, **kw).astype(jnp.float32))
+    got = np.asarray(_run(poisoned, g, impl, **kw).astype(jnp.float32))
+    assert np.isfinite(want).all()
+    np.testing.assert_array_equal(got, want)
