@@ -31,6 +31,8 @@ def _kernel(len_ref, pt_ref, q_ref, k_ref, v_ref, acc_ref, m_ref, l_ref, *, page
     c = jnp.arange(head_dim, dtype=jnp.int32)
     q = load(q_ref.at[b, h, r[:, None], c[None, :]])
     j = jnp.arange(BLOCK, dtype=jnp.int32)
+    # float32 inputs (the f32 test models): full-precision dots, never TF32 (greedy near-ties would flip)
+    prec = jax.lax.Precision.HIGHEST if q.dtype == jnp.float32 else None
 
     def step(t, carry):
         acc, m, l = carry
@@ -40,14 +42,14 @@ def _kernel(len_ref, pt_ref, q_ref, k_ref, v_ref, acc_ref, m_ref, l_ref, *, page
         slot = jnp.clip(page, 0, num_pages - 1) * g + pos % g
         k = load(k_ref.at[slot[:, None], h, c[None, :]], mask=ok[:, None], other=0)
         v = load(v_ref.at[slot[:, None], h, c[None, :]], mask=ok[:, None], other=0)
-        sc = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+        sc = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), precision=prec, preferred_element_type=jnp.float32)
         sc = jnp.where(ok[None, :], sc * scale, -jnp.inf)
         m_new = jnp.maximum(m, jnp.max(sc, axis=1))
         p = jnp.exp2(sc - m_new[:, None])
         alpha = jnp.exp2(m - m_new)
         l = l * alpha + jnp.sum(p, axis=1)
         acc = acc * alpha[:, None] + jax.lax.dot_general(
-            p.astype(v.dtype), v, (((1,), (0,)), ((), ())), preferred_element_type=jnp.float32)
+            p.astype(v.dtype), v, (((1,), (0,)), ((), ())), precision=prec, preferred_element_type=jnp.float32)
         return acc, m_new, l
 
     init = (jnp.zeros((rows, head_dim), jnp.float32), jnp.full((rows,), -jnp.inf, jnp.float32),
