@@ -30,6 +30,11 @@ for p in $PARTS; do case $p in
   check) run check 240 $PY -m jaxspec.interop.check --device cuda --seed 0 --cases 3 ;;
   step) run step 300 $PY bench/step.py --device cuda --json "$OUT/step.json" --png "$OUT/step.png" ;;
   decode) run decode 240 $PY bench/decode.py --device gpu --json "$OUT/decode.json" ;;
+  # paged attention, ours (Mosaic GPU) vs SGLang's Triton extend/decode kernels vs jnp (~4.5 min at full
+  # size; `attention-quick` for the subset). SGLang's attention files come from .originals (or
+  # $JAXSPEC_ATTN_ORIGINALS/sglang-0.5.23/...); a missing original is reported per row, ours still timed.
+  attention) run attention 330 $PY bench/attention.py --json "$OUT/attention.json" --png "$OUT/attention.png" ;;
+  attention-quick) run attention 150 $PY bench/attention.py --quick --triton --json "$OUT/attention.json" --png "$OUT/attention.png" ;;
   *) echo "unknown part $p"; fail=1 ;;
 esac; done
 exit $fail

@@ -1,0 +1,43 @@
+"""The one module holding jaxspec's Mosaic GPU (``plgpu``) Pallas imports.
+
+Mosaic GPU is the supported Pallas lowering on NVIDIA GPUs (the Triton lowering, behind
+``kernels/_backend.py``, is deprecated since jax 0.11). Kernels written against it use:
+
+* ``pl`` (``jax.experimental.pallas``): ``ds``, ``when``, ``run_scoped``, ``run_state``, ``cdiv``;
+* ``plgpu`` (``jax.experimental.pallas.mosaic_gpu``): ``kernel``, ``SMEM``, ``Barrier``, ``wgmma``,
+  ``copy_gmem_to_smem`` / ``copy_smem_to_gmem``, ``Layout``, ``TilingTransform``, ``SwizzleTransform``;
+* ``interpret_params()``: the GPU interpreter's parameters (runs a Mosaic GPU kernel on CPU), or
+  ``None`` where this jax has no GPU interpreter.
+
+The API is the same in jax 0.10.2 (CPU) and 0.11.x (H200) for what jaxspec uses (``plgpu.kernel``
+with ``out_type=`` / ``scratch_types=``).
+"""
+
+import jax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+BACKEND_NAME = "pallas-mosaic-gpu"
+
+
+def interpret_params():
+    """``InterpretGPUParams()`` for ``plgpu.kernel(interpret=...)`` (CPU), or ``None`` if unavailable."""
+    try:
+        from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams
+    except ImportError:  # pragma: no cover - older jax
+        return None
+    return InterpretGPUParams()
+
+
+def hopper_available() -> bool:
+    """True when the default device is an NVIDIA GPU of compute capability >= 9.0 (wgmma + TMA)."""
+    try:
+        if jax.default_backend() != "gpu":
+            return False
+        cc = getattr(jax.devices()[0], "compute_capability", "0")
+        return float(cc) >= 9.0
+    except (RuntimeError, ValueError):  # pragma: no cover
+        return False
+
+
+__all__ = ["pl", "plgpu", "BACKEND_NAME", "interpret_params", "hopper_available"]

@@ -1,0 +1,296 @@
+"""Paged GQA attention of fresh query tokens over a request's committed KV prefix plus themselves.
+
+One entry point covers decode (``Q = 1``), extend / prefill (``qmask`` causal) and speculative verify
+(``Q = N`` draft tokens, ``qmask`` the QLEN_ONLY tree mask, or its bit-packed form through
+``qmask_bits=``): every fresh token attends to the first ``prefix_lens[b]`` tokens of its request, read
+through ``page_table`` from ONE layer of the paged pool, and to the fresh tokens ``qmask`` allows.
+Softmax runs over ``[prefix | fresh]`` in float32; the result has ``q``'s dtype.
+
+Layout (``jaxspec.protocols.AttentionMetadata``): token ``pos`` of row ``b`` lives at pool slot
+``page_table[b, pos // G] * G + pos % G``. Fresh K/V (``k_new``, ``v_new``) are not in the pool yet.
+
+Every query row must see at least itself (``qmask[b, i, i]`` true): then no softmax row is empty. Padded
+batch rows (``prefix_lens = 0``, identity ``qmask``) are computed like any other and can be ignored.
+Page-table entries past ``cdiv(prefix_lens[b], G)`` are never trusted: they are clamped into the pool
+and masked out. Pool slots outside the prefixes may hold anything for the reference and the Triton
+kernel; the Mosaic kernel copies whole pages (and re-reads a request's last page for the tail of its
+last block), so the slots of a request's LAST page past its prefix must hold finite values (stale K/V
+or the zero-initialised pool do; a NaN there would reach the output through ``0 * NaN`` in ``P @ V``).
+
+Implementations (``implementation=``):
+
+* ``"reference"``: pure jnp (gather the prefix, dense masked softmax), any shape and dtype;
+* ``"mosaic"``: Pallas Mosaic GPU (Hopper wgmma + TMA page copies, split prefix, ``paged_attention_mosaic``);
+  bf16 / fp16, head_dim a multiple of 64, page size a multiple of 8 (at most 128);
+* ``"triton"``: Pallas Triton lowering (deprecated upstream; ``paged_attention_triton``), any page size;
+* ``"pallas"``: the Mosaic kernel where it applies, else the Triton one;
+* ``"auto"``: ``"pallas"`` on a GPU (Mosaic on Hopper when the shape fits, else Triton while jax still
+  has that lowering), the reference elsewhere; with ``interpret=True`` the Triton kernel in interpret mode.
+  So ``auto`` keeps running after the Triton lowering is removed (Mosaic, or the reference).
+
+Both kernels compute only the prefix part, split into ``num_splits`` slices per (request, KV head)
+(flash-decoding); one program handles all ``Q * Hq/Hkv`` query rows of its KV head, so each KV byte is
+read once. The fresh part and the merge of the partial softmaxes are small jnp ops.
+"""
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+__all__ = ["paged_attention", "paged_attention_reference", "qmask_from_bits", "resolve_attention_implementation"]
+
+LOG2E = math.log2(math.e)
+_IMPLS = ("auto", "pallas", "mosaic", "triton", "reference")
+
+
+# ----------------------------------------------------------------------------------------------------
+# validation
+
+
+def qmask_from_bits(bits, num_tokens: int):
+    """``bool[B, Q, Q]`` from the QLEN_ONLY_BITPACKING mask of ``build_tree`` (bit ``j`` of row ``i`` =
+    row ``i`` sees fresh token ``j``); ``bits``: unsigned ``(B*Q,)`` or ``(B, Q)``."""
+    bits = jnp.asarray(bits)
+    if not jnp.issubdtype(bits.dtype, jnp.unsignedinteger):
+        raise ValueError(f"qmask_bits: expected an unsigned integer array (uint8/16/32), got {bits.dtype}")
+    if num_tokens > bits.dtype.itemsize * 8:
+        raise ValueError(f"qmask_bits: {bits.dtype} holds {bits.dtype.itemsize * 8} bits, need Q={num_tokens}")
+    if bits.ndim == 1:
+        if bits.shape[0] % num_tokens:
+            raise ValueError(f"qmask_bits: expected shape (B*{num_tokens},), got {bits.shape}")
+        bits = bits.reshape(-1, num_tokens)
+    if bits.ndim != 2 or bits.shape[1] != num_tokens:
+        raise ValueError(f"qmask_bits: expected shape (B, {num_tokens}) or (B*{num_tokens},), got {bits.shape}")
+    j = jnp.arange(num_tokens, dtype=jnp.uint32)
+    return ((bits.astype(jnp.uint32)[:, :, None] >> j[None, None, :]) & jnp.uint32(1)) == jnp.uint32(1)
+
+
+def _check(q, k_new, v_new, k_pool, v_pool, page_table, prefix_lens, qmask, qmask_bits, page_size, sm_scale):
+    if q.ndim != 4:
+        raise ValueError(f"q: expected shape (B, Q, Hq, E), got {q.shape}")
+    b, nq, hq, e = q.shape
+    if k_new.ndim != 4 or k_new.shape[:2] != (b, nq) or k_new.shape[3] != e:
+        raise ValueError(f"k_new: expected shape ({b}, {nq}, Hkv, {e}), got {k_new.shape}")
+    hkv = k_new.shape[2]
+    if hkv == 0 or hq % hkv:
+        raise ValueError(f"k_new: Hkv={hkv} must divide Hq={hq}")
+    if v_new.shape != k_new.shape:
+        raise ValueError(f"v_new: expected shape {k_new.shape}, got {v_new.shape}")
+    if k_pool.ndim != 3 or k_pool.shape[1:] != (hkv, e):
+        raise ValueError(f"k_pool: expected shape (X, {hkv}, {e}), got {k_pool.shape}")
+    if v_pool.shape != k_pool.shape:
+        raise ValueError(f"v_pool: expected shape {k_pool.shape}, got {v_pool.shape}")
+    if not isinstance(page_size, (int, np.integer)) or page_size < 1 or k_pool.shape[0] % page_size:
+        raise ValueError(f"page_size: expected a positive int dividing X={k_pool.shape[0]}, got {page_size!r}")
+    for name, x in (("q", q), ("k_new", k_new), ("v_new", v_new), ("k_pool", k_pool), ("v_pool", v_pool)):
+        if x.dtype not in (jnp.bfloat16, jnp.float16, jnp.float32):
+            raise ValueError(f"{name}: expected bfloat16, float16 or float32, got {x.dtype}")
+        if x.dtype != q.dtype:
+            raise ValueError(f"{name}: dtype {x.dtype} differs from q's {q.dtype}")
+    if page_table.ndim != 2 or page_table.shape[0] != b or page_table.dtype != jnp.int32:
+        raise ValueError(f"page_table: expected i32[{b}, P], got {page_table.dtype}{list(page_table.shape)}")
+    if prefix_lens.shape != (b,) or prefix_lens.dtype != jnp.int32:
+        raise ValueError(f"prefix_lens: expected i32[{b}], got {prefix_lens.dtype}{list(prefix_lens.shape)}")
+    if (qmask is None) == (qmask_bits is None):
+        raise ValueError("qmask / qmask_bits: pass exactly one of them")
+    if qmask is None:
+        qmask = qmask_from_bits(qmask_bits, nq)
+    if qmask.shape != (b, nq, nq) or qmask.dtype != jnp.bool_:
+        raise ValueError(f"qmask: expected bool[{b}, {nq}, {nq}], got {qmask.dtype}{list(qmask.shape)}")
+    if not isinstance(sm_scale, (float, int)) or not sm_scale > 0:
+        raise ValueError(f"sm_scale: expected a positive Python float, got {sm_scale!r}")
+    return qmask
+
+
+# ----------------------------------------------------------------------------------------------------
+# reference
+
+
+def _prefix_slots(page_table, page_size, num_slots):
+    width = page_table.shape[1] * page_size
+    pos = jnp.arange(width, dtype=jnp.int32)
+    pages = jnp.clip(page_table[:, pos // page_size], 0, num_slots // page_size - 1)
+    return pages * page_size + (pos % page_size)[None, :]  # i32[B, P*G]
+
+
+def _reference(q, k_new, v_new, k_pool, v_pool, page_table, prefix_lens, qmask, *, page_size, sm_scale):
+    b, nq, hq, e = q.shape
+    hkv = k_new.shape[2]
+    prec = jax.lax.Precision.HIGHEST
+    slots = _prefix_slots(page_table, page_size, k_pool.shape[0])
+    k_pre, v_pre = k_pool[slots], v_pool[slots]  # [B, W, Hkv, E]
+    qg = q.reshape(b, nq, hkv, hq // hkv, e)
+    f32 = jnp.float32
+    s_pre = jnp.einsum("bqhge,bwhe->bhgqw", qg, k_pre, precision=prec, preferred_element_type=f32)
+    s_new = jnp.einsum("bqhge,bkhe->bhgqk", qg, k_new, precision=prec, preferred_element_type=f32)
+    w = slots.shape[1]
+    pre_ok = jnp.arange(w, dtype=jnp.int32)[None, :] < prefix_lens[:, None]
+    s_pre = jnp.where(pre_ok[:, None, None, None, :], s_pre * f32(sm_scale), -jnp.inf)
+    v_pre = jnp.where(pre_ok[:, :, None, None], v_pre, jnp.zeros((), v_pre.dtype))  # 0 * NaN garbage is NaN
+    s_new = jnp.where(qmask[:, None, None, :, :], s_new * f32(sm_scale), -jnp.inf)
+    p = jax.nn.softmax(jnp.concatenate([s_pre, s_new], axis=-1), axis=-1)
+    v = jnp.concatenate([v_pre, v_new], axis=1)
+    out = jnp.einsum("bhgqk,bkhe->bqhge", p, v.astype(f32), precision=prec)
+    return out.reshape(b, nq, hq, e).astype(q.dtype)
+
+
+def paged_attention_reference(
+    q, k_new, v_new, k_pool, v_pool, page_table, prefix_lens, qmask=None, *, page_size, sm_scale, qmask_bits=None
+):
+    """Pure-jnp paged attention (see the module docstring for shapes); jittable, f32 softmax."""
+    qmask = _check(q, k_new, v_new, k_pool, v_pool, page_table, prefix_lens, qmask, qmask_bits, page_size, sm_scale)
+    return _reference_jit(q, k_new, v_new, k_pool, v_pool, page_table, prefix_lens, qmask,
+                          page_size=int(page_size), sm_scale=float(sm_scale))
+
+
+_reference_jit = jax.jit(_reference, static_argnames=("page_size", "sm_scale"))
+
+
+# ----------------------------------------------------------------------------------------------------
+# shared by the kernels: query rows, the fresh part, the merge
+
+
+def query_rows(q, hkv: int, rows: int):
+    """``[B, Q, Hq, E] -> [B, Hkv, rows, E]``: row ``i * group + g`` is query token ``i``, head ``h*group+g``
+    (zero rows pad ``Q * group`` up to ``rows``)."""
+    b, nq, hq, e = q.shape
+    grp = hq // hkv
+    r = q.reshape(b, nq, hkv, grp, e).transpose(0, 2, 1, 3, 4).reshape(b, hkv, nq * grp, e)
+    return jnp.pad(r, ((0, 0), (0, 0), (0, rows - nq * grp), (0, 0)))
+
+
+def fresh_partial(q, k_new, v_new, qmask, sm_scale):
+    """Fresh-token part as a partial softmax in base 2: ``(acc f32[B,Hkv,R,E], m f32[B,Hkv,R], l f32[B,Hkv,R])``
+    with ``R = Q * group`` rows ordered as :func:`query_rows`."""
+    b, nq, hq, e = q.shape
+    hkv = k_new.shape[2]
+    grp = hq // hkv
+    f32 = jnp.float32
+    qg = q.reshape(b, nq, hkv, grp, e)
+    s = jnp.einsum("bqhge,bkhe->bhqgk", qg, k_new, precision=jax.lax.Precision.HIGHEST, preferred_element_type=f32)
+    s = jnp.where(qmask[:, None, :, None, :], s * f32(sm_scale * LOG2E), -jnp.inf)
+    m = jnp.max(s, axis=-1)  # finite: every row sees itself
+    p = jnp.exp2(s - m[..., None])
+    acc = jnp.einsum("bhqgk,bkhe->bhqge", p, v_new.astype(f32), precision=jax.lax.Precision.HIGHEST)
+    return acc.reshape(b, hkv, nq * grp, e), m.reshape(b, hkv, nq * grp), jnp.sum(p, -1).reshape(b, hkv, nq * grp)
+
+
+def merge_partials(q, fresh, acc, m, l):
+    """Merge the fresh partial with the prefix partials ``acc [B,Hkv,S,>=R,E]``, ``m, l [B,Hkv,S,>=R]``
+    (base-2 logits; ``m = -inf, l = 0`` for an empty slice) into ``[B, Q, Hq, E]`` of ``q``'s dtype."""
+    b, nq, hq, e = q.shape
+    f_acc, f_m, f_l = fresh
+    hkv, r = f_acc.shape[1], f_acc.shape[2]
+    acc, m, l = acc[:, :, :, :r], m[:, :, :, :r], l[:, :, :, :r]
+    m_all = jnp.maximum(f_m, jnp.max(m, axis=2))  # finite (the fresh part always has a visible key)
+    w = jnp.exp2(m - m_all[:, :, None])  # 0 for empty slices
+    wf = jnp.exp2(f_m - m_all)
+    num = f_acc * wf[..., None] + jnp.sum(acc * w[..., None], axis=2)
+    den = f_l * wf + jnp.sum(l * w, axis=2)
+    out = num / den[..., None]  # [B, Hkv, Q*grp, E]
+    return out.reshape(b, hkv, nq, hq // hkv, e).transpose(0, 2, 1, 3, 4).reshape(b, nq, hq, e).astype(q.dtype)
+
+
+def default_num_splits(batch: int, hkv: int, max_tokens: int, block: int, *, programs: int = 264) -> int:
+    """Prefix slices per (request, KV head): as many as fit in ONE wave of ``programs`` (2 resident
+    programs per SM on the H200's 132 SMs; a second, partial wave would idle most SMs), at least 4
+    blocks of ``block`` tokens per slice."""
+    fit = max(1, programs // (batch * hkv))
+    return int(max(1, min(fit, max_tokens // (4 * block))))
+
+
+# ----------------------------------------------------------------------------------------------------
+# dispatch
+
+
+def _mosaic_supported(q, page_size) -> str | None:
+    """Why the Mosaic kernel cannot take this call, or None."""
+    e = q.shape[-1]
+    if q.dtype not in (jnp.bfloat16, jnp.float16):
+        return f"dtype {q.dtype} (Mosaic kernel: bfloat16 / float16)"
+    if e % 64:
+        return f"head_dim {e} (Mosaic kernel: a multiple of 64)"
+    if page_size % 8 or page_size > 128:
+        return f"page_size {page_size} (Mosaic kernel: a multiple of 8, at most 128)"
+    return None
+
+
+def _triton_lowering_available() -> bool:
+    try:
+        from jaxspec.kernels import _backend  # noqa: F401
+    except ImportError:  # the Triton lowering was removed from jax
+        return False
+    return True
+
+
+def resolve_attention_implementation(implementation, q, page_size, interpret) -> str:
+    """``"mosaic" | "triton" | "reference"`` for this call (``ValueError`` for an explicit impossible choice).
+
+    ``auto``: on a GPU (not interpreting) the Mosaic kernel where it applies on Hopper, else the Triton
+    kernel while jax has that lowering, else the reference; interpreting (CPU tests): the Triton kernel
+    (the Mosaic GPU interpreter is ~50x slower), else the reference; no GPU: the reference.
+    ``pallas``: the Mosaic kernel where it applies, else the Triton kernel, else ``ValueError``.
+    """
+    from jaxspec.kernels._mosaic_gpu import hopper_available
+
+    if implementation not in _IMPLS:
+        raise ValueError(f"implementation: expected one of {_IMPLS}, got {implementation!r}")
+    if implementation == "reference":
+        return "reference"
+    why = _mosaic_supported(q, page_size)
+    mosaic_ok = why is None and (interpret or hopper_available())
+    triton_ok = _triton_lowering_available() and (interpret or jax.default_backend() == "gpu")
+    if implementation == "mosaic":
+        if not mosaic_ok:
+            raise ValueError(f"implementation='mosaic' does not support {why or 'this device (needs a Hopper GPU or interpret=True)'}")
+        return "mosaic"
+    if implementation == "triton":
+        if not triton_ok:
+            raise ValueError("implementation='triton' needs jax's Pallas Triton lowering and a CUDA GPU or interpret=True")
+        return "triton"
+    if implementation == "pallas":
+        if mosaic_ok:
+            return "mosaic"
+        if triton_ok:
+            return "triton"
+        raise ValueError(f"implementation='pallas': no Pallas kernel for this call ({why or 'no GPU'})")
+    if interpret:  # auto
+        return "triton" if triton_ok else "reference"
+    if mosaic_ok:
+        return "mosaic"
+    return "triton" if triton_ok else "reference"
+
+
+def paged_attention(
+    q, k_new, v_new, k_pool, v_pool, page_table, prefix_lens, qmask=None, *, page_size, sm_scale,
+    qmask_bits=None, implementation="auto", interpret=False, num_splits=None,
+):
+    """Paged attention (module docstring). ``q [B,Q,Hq,E]``, ``k_new, v_new [B,Q,Hkv,E]``, ``k_pool, v_pool
+    [X,Hkv,E]``, ``page_table i32[B,P]``, ``prefix_lens i32[B]``, ``qmask bool[B,Q,Q]`` (or ``qmask_bits``,
+    build_tree's packed rows) -> ``[B,Q,Hq,E]`` in q's dtype. ``num_splits``: prefix slices per (request,
+    KV head) for the kernels (default: enough to fill the GPU)."""
+    qmask = _check(q, k_new, v_new, k_pool, v_pool, page_table, prefix_lens, qmask, qmask_bits, page_size, sm_scale)
+    impl = resolve_attention_implementation(implementation, q, page_size, interpret)
+    if num_splits is not None and (not isinstance(num_splits, int) or num_splits < 1):
+        raise ValueError(f"num_splits: expected a positive int, got {num_splits!r}")
+    if impl == "reference":
+        return _reference_jit(q, k_new, v_new, k_pool, v_pool, page_table, prefix_lens, qmask,
+                              page_size=int(page_size), sm_scale=float(sm_scale))
+    return _kernel_jit(q, k_new, v_new, k_pool, v_pool, page_table, prefix_lens, qmask, impl=impl,
+                       page_size=int(page_size), sm_scale=float(sm_scale), interpret=bool(interpret),
+                       num_splits=num_splits)
+
+
+@functools.partial(jax.jit, static_argnames=("impl", "page_size", "sm_scale", "interpret", "num_splits"))
+def _kernel_jit(q, k_new, v_new, k_pool, v_pool, page_table, prefix_lens, qmask, *, impl, page_size, sm_scale,
+                interpret, num_splits):
+    if impl == "mosaic":
+        from jaxspec.kernels.paged_attention_mosaic import prefix_partials
+    else:
+        from jaxspec.kernels.paged_attention_triton import prefix_partials
+    acc, m, l = prefix_partials(q, k_new.shape[2], k_pool, v_pool, page_table, prefix_lens, page_size=page_size,
+                                sm_scale=sm_scale, num_splits=num_splits, interpret=interpret)
+    return merge_partials(q, fresh_partial(q, k_new, v_new, qmask, sm_scale), acc, m, l)

@@ -1,0 +1,86 @@
+"""Prefix part of ``paged_attention`` as a Pallas **Triton** kernel (deprecated lowering; see
+``paged_attention_mosaic`` for the Mosaic GPU kernel that ``auto`` prefers).
+
+Grid ``(B, Hkv, S)``: one program per (request, KV head, prefix slice) takes all ``rows`` query rows of
+that KV head and walks its slice of the prefix ``block`` tokens at a time, gathering K/V rows through the
+page table (any page size, vector gathers), with an online base-2 softmax. Outputs the unnormalised
+partials ``acc f32[B,Hkv,S,rows,E]``, ``m, l f32[B,Hkv,S,rows]`` (``-inf`` / 0 for an empty slice).
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from jaxspec.kernels._backend import compiler_params, load, pl, store
+from jaxspec.kernels.paged_attention import LOG2E, default_num_splits, query_rows
+
+BLOCK = 32  # prefix tokens per loop step
+
+
+def _kernel(len_ref, pt_ref, q_ref, k_ref, v_ref, acc_ref, m_ref, l_ref, *, page_size, num_pages, width, rows,
+            head_dim, num_splits, scale):
+    b, h, s = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+    g = page_size
+    n = len_ref[b]
+    nblk = (n + BLOCK - 1) // BLOCK
+    per = (nblk + num_splits - 1) // num_splits
+    lo = jnp.minimum(s * per, nblk)
+    hi = jnp.minimum(lo + per, nblk)
+    r = jnp.arange(rows, dtype=jnp.int32)
+    c = jnp.arange(head_dim, dtype=jnp.int32)
+    q = load(q_ref.at[b, h, r[:, None], c[None, :]])
+    j = jnp.arange(BLOCK, dtype=jnp.int32)
+    # float32 inputs (the f32 test models): full-precision dots, never TF32 (greedy near-ties would flip)
+    prec = jax.lax.Precision.HIGHEST if q.dtype == jnp.float32 else None
+
+    def step(t, carry):
+        acc, m, l = carry
+        pos = t * BLOCK + j
+        ok = pos < n
+        page = load(pt_ref.at[b, jnp.minimum(pos // g, width - 1)], mask=ok, other=0)
+        slot = jnp.clip(page, 0, num_pages - 1) * g + pos % g
+        k = load(k_ref.at[slot[:, None], h, c[None, :]], mask=ok[:, None], other=0)
+        v = load(v_ref.at[slot[:, None], h, c[None, :]], mask=ok[:, None], other=0)
+        sc = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), precision=prec, preferred_element_type=jnp.float32)
+        sc = jnp.where(ok[None, :], sc * scale, -jnp.inf)
+        m_new = jnp.maximum(m, jnp.max(sc, axis=1))
+        p = jnp.exp2(sc - m_new[:, None])
+        alpha = jnp.exp2(m - m_new)
+        l = l * alpha + jnp.sum(p, axis=1)
+        acc = acc * alpha[:, None] + jax.lax.dot_general(
+            p.astype(v.dtype), v, (((1,), (0,)), ((), ())), precision=prec, preferred_element_type=jnp.float32)
+        return acc, m_new, l
+
+    init = (jnp.zeros((rows, head_dim), jnp.float32), jnp.full((rows,), -jnp.inf, jnp.float32),
+            jnp.zeros((rows,), jnp.float32))
+    acc, m, l = jax.lax.fori_loop(lo, hi, step, init)
+    store(acc_ref.at[b, h, s, r[:, None], c[None, :]], acc)
+    store(m_ref.at[b, h, s, r], m)
+    store(l_ref.at[b, h, s, r], l)
+
+
+@functools.partial(jax.jit, static_argnames=("hkv", "page_size", "sm_scale", "num_splits", "interpret"))
+def prefix_partials(q, hkv, k_pool, v_pool, page_table, prefix_lens, *, page_size, sm_scale, num_splits=None,
+                    interpret=False):
+    """``(acc, m, l)`` prefix partials (module docstring) for ``q [B,Q,Hq,E]`` over the paged pool."""
+    b, nq, hq, e = q.shape
+    if e & (e - 1):
+        raise ValueError(f"q: the Triton kernel needs a power-of-two head_dim, got {e}")
+    rows = max(16, 1 << (nq * (hq // hkv) - 1).bit_length())
+    width = page_table.shape[1]
+    s = num_splits or default_num_splits(b, hkv, width * page_size, BLOCK)
+    qr = query_rows(q, hkv, rows)
+    kernel = functools.partial(
+        _kernel, page_size=page_size, num_pages=k_pool.shape[0] // page_size, width=width, rows=rows, head_dim=e,
+        num_splits=s, scale=float(sm_scale * LOG2E))
+    f32 = jnp.float32
+    return pl.pallas_call(
+        kernel,
+        out_shape=(jax.ShapeDtypeStruct((b, hkv, s, rows, e), f32), jax.ShapeDtypeStruct((b, hkv, s, rows), f32),
+                   jax.ShapeDtypeStruct((b, hkv, s, rows), f32)),
+        grid=(b, hkv, s),
+        interpret=interpret,
+        compiler_params=compiler_params(num_warps=4, num_stages=2),
+        name=f"paged_attention_prefix_rows{rows}_g{page_size}",
+    )(prefix_lens, page_table, qr, k_pool, v_pool)

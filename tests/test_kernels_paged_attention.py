@@ -1,0 +1,245 @@
+"""paged_attention: reference vs a NumPy dense oracle, the Pallas kernels (interpret mode on CPU, compiled
+on a GPU) vs the reference, the bit-packed mask, edge cases and argument errors.
+
+Tolerance: inputs are rounded to the test dtype first and the oracle runs in float64 on those rounded
+values, so the only differences are float32 accumulation order (reference / kernels, ~1e-6 relative)
+plus, for kernels, the rounding of the softmax weights to the input dtype before the P@V product (as
+every flash kernel does: <= 2^-8 relative per weight for bf16, 2^-11 for fp16) and the final rounding of
+the output to the input dtype (half an ulp: 2^-9 bf16, 2^-12 fp16). Outputs are convex combinations of V
+rows with |V| <= ~3, so an absolute bound of 2^-6 (bf16) / 2^-9 (fp16) / 1e-5 (f32) holds with margin,
+while a wrong mask or a wrong page moves outputs by O(0.1-1) (checked below: the mask must matter).
+"""
+
+import numpy as np
+import pytest
+
+import jax
+import jax.numpy as jnp
+
+from jaxspec.kernels.paged_attention import (
+    paged_attention,
+    paged_attention_reference,
+    qmask_from_bits,
+    resolve_attention_implementation,
+)
+
+TOL = {jnp.float32: 1e-5, jnp.float16: 2.0**-9, jnp.bfloat16: 2.0**-6}
+
+
+def _case(seed, *, b=3, nq=4, hq=8, hkv=2, e=64, g=16, pages=24, p_width=6, dtype=jnp.float32, mask="tree",
+          lens=None):
+    rng = np.random.default_rng(seed)
+    x = pages * g
+    def r(*shape):
+        return jnp.asarray(rng.standard_normal(shape).astype(np.float32)).astype(dtype)
+    q, kn, vn = r(b, nq, hq, e), r(b, nq, hkv, e), r(b, nq, hkv, e)
+    kp, vp = r(x, hkv, e), r(x, hkv, e)
+    # every row owns distinct random pages (page 0 never handed out); unused entries are garbage
+    pt = np.full((b, p_width), -7, np.int32)
+    perm = rng.permutation(np.arange(1, pages))
+    for i in range(b):
+        pt[i] = perm[i * p_width:(i + 1) * p_width] if (i + 1) * p_width < pages else rng.integers(1, pages, p_width)
+    if lens is None:
+        lens = rng.integers(0, p_width * g + 1, b)
+        lens[0] = 0  # an empty prefix
+    lens = np.asarray(lens, np.int32)
+    for i in range(b):  # entries past the prefix are garbage (out-of-range page ids)
+        used = -(-int(lens[i]) // g)
+        pt[i, used:] = rng.integers(-5, 3 * pages, p_width - used)
+    if mask == "causal":
+        qm = np.tril(np.ones((nq, nq), bool))[None].repeat(b, 0)
+    elif mask == "tree":  # random tree: each node's parent is an earlier node
+        qm = np.zeros((b, nq, nq), bool)
+        for i in range(b):
+            par = [-1] + [int(rng.integers(0, t)) for t in range(1, nq)]
+            for t in range(nq):
+                a = t
+                while a >= 0:
+                    qm[i, t, a] = True
+                    a = par[a]
+    else:
+        qm = np.ones((b, nq, nq), bool)
+    return dict(q=q, k_new=kn, v_new=vn, k_pool=kp, v_pool=vp, page_table=jnp.asarray(pt),
+                prefix_lens=jnp.asarray(lens), qmask=jnp.asarray(qm)), g
+
+
+def _oracle(a, g, scale):
+    q, kn, vn, kp, vp = (np.asarray(a[k].astype(jnp.float32), np.float64) for k in ("q", "k_new", "v_new", "k_pool", "v_pool"))
+    pt, lens, qm = np.asarray(a["page_table"]), np.asarray(a["prefix_lens"]), np.asarray(a["qmask"])
+    b, nq, hq, e = q.shape
+    hkv = kn.shape[2]
+    out = np.zeros_like(q)
+    for i in range(b):
+        slots = [pt[i, p // g] * g + p % g for p in range(lens[i])]
+        for t in range(nq):
+            fresh = [j for j in range(nq) if qm[i, t, j]]
+            for h in range(hq):
+                kh = h // (hq // hkv)
+                keys = np.concatenate([kp[slots, kh], kn[i, fresh, kh]]) if slots else kn[i, fresh, kh]
+                vals = np.concatenate([vp[slots, kh], vn[i, fresh, kh]]) if slots else vn[i, fresh, kh]
+                s = keys @ q[i, t, h] * scale
+                p = np.exp(s - s.max())
+                out[i, t, h] = p @ vals / p.sum()
+    return out
+
+
+def _run(a, g, impl, **kw):
+    return paged_attention(**a, page_size=g, sm_scale=a["q"].shape[-1] ** -0.5, implementation=impl, **kw)
+
+
+@pytest.mark.parametrize("mask", ["tree", "causal", "ones"])
+def test_reference_matches_oracle_and_mask_matters(mask):
+    seed = int(np.random.SeedSequence().entropy % 2**31)
+    a, g = _case(seed, mask=mask, nq=1 if mask == "ones" else 5)
+    scale = a["q"].shape[-1] ** -0.5
+    want = _oracle(a, g, scale)
+    got = paged_attention_reference(**a, page_size=g, sm_scale=scale)
+    np.testing.assert_allclose(np.asarray(got), want, atol=TOL[jnp.float32], err_msg=f"seed {seed}")
+    if mask != "ones":  # flipping the mask (all visible) must change the answer
+        wrong = dict(a, qmask=jnp.ones_like(a["qmask"]))
+        assert np.abs(_oracle(wrong, g, scale) - want).max() > 1e-2
+
+
+def test_bitpacked_mask_equals_bool_mask():
+    a, g = _case(1, nq=6, mask="tree")
+    qm = np.asarray(a["qmask"])
+    bits = (qm * (1 << np.arange(6))[None, None, :]).sum(-1).astype(np.uint8).reshape(-1)
+    np.testing.assert_array_equal(np.asarray(qmask_from_bits(jnp.asarray(bits), 6)), qm)
+    scale = 0.125
+    got = paged_attention_reference(**dict(a, qmask=None), qmask_bits=jnp.asarray(bits), page_size=g, sm_scale=scale)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(paged_attention_reference(**a, page_size=g, sm_scale=scale)))
+
+
+@pytest.mark.parametrize("dtype,g,hq,hkv,e,nq", [
+    (jnp.float32, 16, 8, 2, 64, 4),
+    (jnp.float16, 1, 4, 4, 64, 1),
+    (jnp.float32, 64, 8, 1, 128, 3),
+])
+def test_triton_interpret_matches_reference(dtype, g, hq, hkv, e, nq):
+    seed = int(np.random.SeedSequence().entropy % 2**31)
+    a, g = _case(seed, b=3, nq=nq, hq=hq, hkv=hkv, e=e, g=g, pages=max(24, 4 * 6 + 2) if g > 1 else 200,
+                 p_width=6 if g > 1 else 90, dtype=dtype)
+    want = _run(a, g, "reference")
+    got = _run(a, g, "triton", interpret=True, num_splits=2)
+    np.testing.assert_allclose(np.asarray(got.astype(jnp.float32)), np.asarray(want.astype(jnp.float32)),
+                               atol=TOL[dtype], err_msg=f"seed {seed}")
+
+
+def test_auto_resolves_to_something_that_runs():
+    q = jnp.zeros((1, 1, 4, 64), jnp.bfloat16)
+    on_gpu = jax.default_backend() == "gpu"
+    assert resolve_attention_implementation("auto", q, 16, False) == ("mosaic" if on_gpu else "reference")
+    assert resolve_attention_implementation("reference", q, 1, False) == "reference"
+    with pytest.raises(ValueError, match="mosaic"):
+        resolve_attention_implementation("mosaic", q, 1, False)  # page size 1: not for the Mosaic kernel
+
+
+def test_bad_arguments_raise():
+    a, g = _case(0)
+    with pytest.raises(ValueError, match="page_table"):
+        paged_attention_reference(**dict(a, page_table=a["page_table"][:1]), page_size=g, sm_scale=0.1)
+    with pytest.raises(ValueError, match="qmask"):
+        paged_attention_reference(**dict(a, qmask=a["qmask"][:, :1]), page_size=g, sm_scale=0.1)
+    with pytest.raises(ValueError, match="page_size"):
+        paged_attention_reference(**a, page_size=7, sm_scale=0.1)
+    with pytest.raises(ValueError, match="k_new"):
+        paged_attention_reference(**dict(a, k_new=a["k_new"][:, :, :1, :3]), page_size=g, sm_scale=0.1)
+    with pytest.raises(ValueError, match="implementation"):
+        _run(a, g, "cuda")
+
+
+@pytest.mark.parametrize("dtype,g,hq,hkv,e,nq,splits", [
+    (jnp.bfloat16, 16, 8, 2, 64, 5, 2),  # 64-token blocks of 4 pages, 2 prefix slices, 20 of 24 rows out
+    (jnp.float16, 64, 16, 2, 128, 9, 1),  # 72 query rows: two 64-row tiles
+])
+def test_mosaic_interpret_matches_reference(dtype, g, hq, hkv, e, nq, splits):
+    """The Mosaic GPU kernel under the GPU interpreter (wgmma replaced by plain dots there, everything else
+    -- TMA page copies, barriers, multi-buffering, slices, masking -- as compiled)."""
+    seed = int(np.random.SeedSequence().entropy % 2**31)
+    a, g = _case(seed, b=2, nq=nq, hq=hq, hkv=hkv, e=e, g=g, pages=16, p_width=5 if g == 16 else 3, dtype=dtype,
+                 lens=[0, 5 * g - 3] if g == 16 else [2 * g + 1, 0])
+    want = _run(a, g, "reference")
+    got = _run(a, g, "mosaic", interpret=True, num_splits=splits)
+    np.testing.assert_allclose(np.asarray(got.astype(jnp.float32)), np.asarray(want.astype(jnp.float32)),
+                               atol=TOL[dtype], err_msg=f"seed {seed}")
+
+
+GPU_CASES = [  # (impl, dtype, page size, Hq, Hkv, E, Q, mask)
+    ("mosaic", jnp.bfloat16, 16, 32, 8, 128, 8, "tree"),
+    ("mosaic", jnp.bfloat16, 16, 32, 8, 128, 1, "ones"),
+    ("mosaic", jnp.float16, 64, 8, 8, 64, 4, "causal"),
+    ("mosaic", jnp.bfloat16, 16, 16, 2, 256, 5, "tree"),
+    ("mosaic", jnp.bfloat16, 64, 32, 4, 128, 17, "causal"),  # 136 rows: 3 row tiles
+    ("triton", jnp.bfloat16, 1, 32, 8, 128, 8, "tree"),
+    ("triton", jnp.float16, 16, 8, 1, 64, 4, "causal"),
+    ("auto", jnp.bfloat16, 1, 32, 8, 128, 1, "ones"),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("impl,dtype,g,hq,hkv,e,nq,mask", GPU_CASES)
+def test_gpu_kernels_match_reference(impl, dtype, g, hq, hkv, e, nq, mask):
+    seed = int(np.random.SeedSequence().entropy % 2**31)
+    width = max(1, 700 // g)
+    a, g = _case(seed, b=5, nq=nq, hq=hq, hkv=hkv, e=e, g=g, pages=6 * width + 2, p_width=width, dtype=dtype,
+                 mask=mask)
+    want = _run(a, g, "reference")
+    for splits in (None, 3):
+        got = _run(a, g, impl, num_splits=splits)
+        np.testing.assert_allclose(np.asarray(got.astype(jnp.float32)), np.asarray(want.astype(jnp.float32)),
+                                   atol=TOL[dtype], err_msg=f"seed {seed} splits {splits}")
+
+
+@pytest.mark.interop
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the interpreter's -inf - -inf in SGLang's empty kv splits
+@pytest.mark.parametrize("nq,mask", [(5, "tree"), (3, "causal"), (1, "ones")])
+def test_side_by_side_with_sglang_originals(nq, mask):
+    """Ours (reference, and the Triton kernel in interpret mode) vs SGLang 0.5.23's extend_attention_fwd
+    (custom_mask) and, for Q = 1, decode_attention_fwd, on the same buffers, fp16 (the CPU Triton
+    interpreter miscomputes bf16 dots). Same tolerance as above for fp16; the wrong-mask run must fail it."""
+    pytest.importorskip("torch")
+    from jaxspec.interop.attention_originals import run_decode, run_extend
+
+    seed = int(np.random.SeedSequence().entropy % 2**31)
+    a, g = _case(seed, b=3, nq=nq, hq=8, hkv=2, e=64, g=16, pages=24, p_width=6, dtype=jnp.float16, mask=mask)
+    scale = 0.125
+    ref = np.asarray(paged_attention_reference(**a, page_size=g, sm_scale=scale).astype(jnp.float32))
+    ours = np.asarray(_run(a, g, "triton", interpret=True).astype(jnp.float32))
+    orig = run_extend(**a, page_size=g, sm_scale=scale)
+    tol = TOL[jnp.float16]
+    np.testing.assert_allclose(orig, ref, atol=tol, err_msg=f"extend vs reference, seed {seed}")
+    np.testing.assert_allclose(ours, orig, atol=tol, err_msg=f"triton vs extend, seed {seed}")
+    if mask != "ones":
+        wrong = run_extend(**dict(a, qmask=jnp.ones_like(a["qmask"])), page_size=g, sm_scale=scale)
+        assert np.abs(wrong - ref).max() > 10 * tol
+    else:
+        dec = run_decode(**{k: v for k, v in a.items() if k != "qmask"}, page_size=g, sm_scale=scale)
+        np.testing.assert_allclose(dec, ref, atol=tol, err_msg=f"decode vs reference, seed {seed}")
+
+
+@pytest.mark.parametrize("impl", ["reference", "triton", "mosaic"])
+def test_slots_outside_the_prefixes_are_never_used(impl):
+    """Poison: every pool slot outside the requests' prefixes is NaN (for the Mosaic kernel, which copies
+    whole pages: every slot outside the requests' used pages, the last page's tail keeps finite stale
+    values, see the module docstring); the answer must equal the unpoisoned one bit for bit."""
+    dtype = jnp.float32 if impl != "mosaic" else jnp.bfloat16
+    a, g = _case(11, b=3, nq=3, hq=4, hkv=2, e=64, g=16, pages=24, p_width=5, dtype=dtype, lens=[0, 37, 80])
+    pt, lens = np.asarray(a["page_table"]).copy(), np.asarray(a["prefix_lens"])
+    for i in range(3):  # garbage entries past the used pages point at page 0: never handed out, all NaN below
+        pt[i, -(-int(lens[i]) // g):] = 0
+    a["page_table"] = jnp.asarray(pt)
+    keep = np.zeros(a["k_pool"].shape[0], bool)
+    for i in range(3):
+        for pos in range(int(lens[i])):
+            page = pt[i, pos // g]
+            if impl == "mosaic":
+                keep[page * g:(page + 1) * g] = True
+            else:
+                keep[page * g + pos % g] = True
+    nan = jnp.asarray(np.where(keep[:, None, None], 0.0, np.nan).astype(np.float32)).astype(dtype)
+    poisoned = dict(a, k_pool=a["k_pool"] + nan, v_pool=a["v_pool"] + nan)
+    kw = dict(interpret=True) if impl != "reference" else {}
+    want = np.asarray(_run(a, g, impl, **kw).astype(jnp.float32))
+    got = np.asarray(_run(poisoned, g, impl, **kw).astype(jnp.float32))
+    assert np.isfinite(want).all()
+    np.testing.assert_array_equal(got, want)
