@@ -11,9 +11,9 @@ Both read SGLang's page-size-1 layout: ``k_buffer [X, Hkv, E]`` (the jaxspec poo
 ``kv_indices`` (the slots of each request's prefix tokens, concatenated; ``kv_indptr`` their offsets).
 :func:`sglang_layout` builds those from jaxspec's ``page_table`` / ``prefix_lens``.
 
-Files are read from ``.originals/sglang-0.5.23/<path>`` (``ATTENTION_FILES``; the pinned fetch list will
-carry them) or, before that, from ``<repo>/.attn_orig/sglang-0.5.23/<path>`` (extracted by hand from the
-pinned wheel). They are executed as published with stand-in modules for their package imports:
+Files are read from ``.originals/sglang-0.5.23/<path>`` (``python -m jaxspec.interop.fetch`` extracts them;
+their sha256 are pinned in ``jaxspec.interop.pins``, and the bytes executed are the bytes checked).
+They are executed as published with stand-in modules for their package imports:
 ``sglang.srt.utils`` (``is_cuda`` = a CUDA device is visible, so the Hopper block sizes are chosen on the
 H200; every ROCm probe False; ``get_device_core_count`` from torch), ``sglang.srt.environ.envs`` (every
 flag at its default, False), and the two sibling files themselves (``score_mod``, ``decode_attention``).
@@ -22,15 +22,14 @@ On CPU (``TRITON_INTERPRET=1``) the interpreter miscomputes bf16 ``tl.dot``: run
 """
 
 import functools
-import importlib.util
+import linecache
 import os
-import pathlib
 import sys
 import types
 
 import numpy as np
 
-from jaxspec.interop.originals import SGLANG, OriginalsMissing, _stub, original_path
+from jaxspec.interop.originals import SGLANG, original_path, stub_module, verified_bytes
 
 __all__ = [
     "ATTENTION_FILES", "load_attention_originals", "sglang_layout", "extend_call", "decode_call", "run_extend",
@@ -38,29 +37,8 @@ __all__ = [
 ]
 
 _DIR = "sglang/kernels/ops/attention"
-ATTENTION_FILES = {  # in-wheel path -> sha256 (sglang-0.5.23, any manylinux cp311/cp312 wheel)
-    f"{_DIR}/extend_attention.py": "be3baffc80ef9fe484d0b896842522b02bf671785088e05a66ca4dcdb2e8a9b3",
-    f"{_DIR}/decode_attention.py": "7a3b66ce3daabbb027efd860411cd9abe4b399b1f2cfc3ed5c6c01731eb9fa0a",
-    f"{_DIR}/score_mod.py": "127e2e6466bbfac3c2189cc4f2a9d7751fd819b30d25de65378d66ae63bbafa6",
-}
+ATTENTION_FILES = tuple(f"{_DIR}/{stem}.py" for stem in ("score_mod", "decode_attention", "extend_attention"))
 DEFAULT_MAX_KV_SPLITS = 8  # SGLang server arg triton_attention_num_kv_splits
-
-
-def _file(path: str) -> pathlib.Path:
-    import hashlib
-
-    candidates = [original_path(*SGLANG, path), pathlib.Path(__file__).resolve().parents[1] / ".attn_orig"
-                  / f"{SGLANG[0]}-{SGLANG[1]}" / path]
-    env = os.environ.get("JAXSPEC_ATTN_ORIGINALS")
-    if env:
-        candidates.insert(0, pathlib.Path(env) / f"{SGLANG[0]}-{SGLANG[1]}" / path)
-    for p in candidates:
-        if p.is_file():
-            digest = hashlib.sha256(p.read_bytes()).hexdigest()
-            if digest != ATTENTION_FILES[path]:
-                raise OriginalsMissing(f"{p}: sha256 {digest} is not the pinned {ATTENTION_FILES[path]}")
-            return p
-    raise OriginalsMissing(f"sglang=={SGLANG[1]}:{path} is missing (looked in {[str(c) for c in candidates]})")
 
 
 def _stand_ins(torch) -> dict:
@@ -78,16 +56,16 @@ def _stand_ins(torch) -> dict:
         def __getattr__(self, name):
             return _Flag()
 
-    utils = _stub("sglang.srt.utils", is_cuda=lambda: cuda, is_hip=false, is_gfx95_supported=false,
+    utils = stub_module("sglang.srt.utils", is_cuda=lambda: cuda, is_hip=false, is_gfx95_supported=false,
                   is_gfx1250_supported=false, get_device_core_count=get_device_core_count)
     return {
-        "sglang": _stub("sglang"),
-        "sglang.srt": _stub("sglang.srt"),
+        "sglang": stub_module("sglang"),
+        "sglang.srt": stub_module("sglang.srt"),
         "sglang.srt.utils": utils,
-        "sglang.srt.environ": _stub("sglang.srt.environ", envs=_Envs()),
-        "sglang.kernels": _stub("sglang.kernels"),
-        "sglang.kernels.ops": _stub("sglang.kernels.ops"),
-        "sglang.kernels.ops.attention": _stub("sglang.kernels.ops.attention"),
+        "sglang.srt.environ": stub_module("sglang.srt.environ", envs=_Envs()),
+        "sglang.kernels": stub_module("sglang.kernels"),
+        "sglang.kernels.ops": stub_module("sglang.kernels.ops"),
+        "sglang.kernels.ops.attention": stub_module("sglang.kernels.ops.attention"),
     }
 
 
@@ -108,13 +86,17 @@ def load_attention_originals() -> types.SimpleNamespace:
     loaded = {}
     try:
         for stem in ("score_mod", "decode_attention", "extend_attention"):
-            file = _file(f"{_DIR}/{stem}.py")
+            path = f"{_DIR}/{stem}.py"
+            data = verified_bytes(*SGLANG, path)  # PinMismatch / OriginalsMissing before anything runs
+            file = str(original_path(*SGLANG, path))
+            text = data.decode("utf-8")
+            linecache.cache[file] = (len(text), None, text.splitlines(keepends=True), file)  # @triton.jit source
             priv = f"_jaxspec_originals.sglang_0_5_23.attention_{stem}"
-            spec = importlib.util.spec_from_file_location(priv, file)
-            mod = importlib.util.module_from_spec(spec)
+            mod = types.ModuleType(priv)
+            mod.__file__ = file
             sys.modules[priv] = mod
             sys.modules[f"sglang.kernels.ops.attention.{stem}"] = mod  # for the sibling import
-            spec.loader.exec_module(mod)
+            exec(compile(data, file, "exec"), mod.__dict__)  # noqa: S102 - pinned upstream source
             loaded[stem] = mod
     finally:
         for n, old in saved.items():

@@ -46,8 +46,9 @@ class UnsafeEntry(ValueError):
 
 
 def required_files(cuda: bool = False) -> dict[tuple[str, str], set[str]]:
-    """(dist, version) -> wheel paths to extract: the originals table's files (+ ``pins.CUDA_FILES``)."""
-    need: dict[tuple[str, str], set[str]] = {}
+    """(dist, version) -> wheel paths to extract: every pinned file (the originals table's, the attention
+    originals' and their support files; + ``pins.CUDA_FILES`` with ``cuda``)."""
+    need: dict[tuple[str, str], set[str]] = {dv: set(files) for dv, files in pins.FILES.items()}
     for o in originals.ORIGINALS.values():
         if o.kind != "cuda":
             need.setdefault((o.dist, o.version), set()).add(o.path)

@@ -224,7 +224,7 @@ def next_power_of_2(n: int) -> int:
     return _sglang_utils_source()["next_power_of_2"](n)
 
 
-def _stub(name: str, **attrs) -> types.ModuleType:
+def stub_module(name: str, **attrs) -> types.ModuleType:
     m = types.ModuleType(name)
     m.__dict__.update(attrs)
     m.__path__ = []  # a package, so submodule stand-ins resolve
@@ -235,7 +235,7 @@ def _stand_ins(dist: str) -> dict[str, types.ModuleType]:
     if dist == "sglang":
         false = lambda: False  # noqa: E731 - every platform probe answers "not this platform"
         flags = {f: false for f in ("is_cpu", "is_cuda", "is_hip", "is_musa", "is_npu", "is_xpu")}
-        utils = _stub("sglang.srt.utils", next_power_of_2=_sglang_utils_source()["next_power_of_2"], **flags)
+        utils = stub_module("sglang.srt.utils", next_power_of_2=_sglang_utils_source()["next_power_of_2"], **flags)
 
         class _Platform:
             def is_out_of_tree(self):
@@ -245,20 +245,20 @@ def _stand_ins(dist: str) -> dict[str, types.ModuleType]:
             raise RuntimeError(f"jaxspec stand-in: no SGLang platform for {subsystem} (call the Triton kernels)")
 
         return {
-            "sglang": _stub("sglang"),
-            "sglang.srt": _stub("sglang.srt"),
+            "sglang": stub_module("sglang"),
+            "sglang.srt": stub_module("sglang.srt"),
             "sglang.srt.utils": utils,
-            "sglang.srt.platforms": _stub("sglang.srt.platforms", current_platform=_Platform()),
-            "sglang.srt.platforms.interface": _stub(
+            "sglang.srt.platforms": stub_module("sglang.srt.platforms", current_platform=_Platform()),
+            "sglang.srt.platforms.interface": stub_module(
                 "sglang.srt.platforms.interface", reject_out_of_tree_path=reject_out_of_tree_path
             ),
         }
     if dist == "tokenspeed":
         return {
-            "tokenspeed": _stub("tokenspeed"),
-            "tokenspeed.runtime": _stub("tokenspeed.runtime"),
-            "tokenspeed.runtime.utils": _stub("tokenspeed.runtime.utils", get_colorful_logger=logging.getLogger),
-            "tokenspeed.runtime.utils.triton": _stub("tokenspeed.runtime.utils.triton"),
+            "tokenspeed": stub_module("tokenspeed"),
+            "tokenspeed.runtime": stub_module("tokenspeed.runtime"),
+            "tokenspeed.runtime.utils": stub_module("tokenspeed.runtime.utils", get_colorful_logger=logging.getLogger),
+            "tokenspeed.runtime.utils.triton": stub_module("tokenspeed.runtime.utils.triton"),
         }
     return {}
 

@@ -71,6 +71,10 @@ FILES: dict[tuple[str, str], dict[str, str]] = {
         "sglang/kernels/ops/speculative/spec_tree.py": "2bd4944222af9860aae0ab1c51cde21351d96a6ebee2922175368a0e18916222",
         "sglang/srt/speculative/spec_utils.py": "427bd9b723bda6a79761ff60964c01a35a781a8269d84bd26f581140deb0b27c",
         "sglang/srt/utils/common.py": "60c3b514fcaba47dce2b1f7b74484db809c0d635ba646d94554552170cf01d73",
+        # SGLang's Triton attention (the originals of jaxspec.kernels.paged_attention)
+        "sglang/kernels/ops/attention/decode_attention.py": "7a3b66ce3daabbb027efd860411cd9abe4b399b1f2cfc3ed5c6c01731eb9fa0a",
+        "sglang/kernels/ops/attention/extend_attention.py": "be3baffc80ef9fe484d0b896842522b02bf671785088e05a66ca4dcdb2e8a9b3",
+        "sglang/kernels/ops/attention/score_mod.py": "127e2e6466bbfac3c2189cc4f2a9d7751fd819b30d25de65378d66ae63bbafa6",
     },
     SGLANG_MTP: {
         "sglang/srt/speculative/multi_layer_eagle_utils.py": "4e2debd7a0b43d395c75fb66098694775c91efac234319042a17d79ddac6e1fa",
