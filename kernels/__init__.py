@@ -18,9 +18,9 @@ from jaxspec.kernels.kv_move import move_accept_tokens_to_target_kvcache as move
 from jaxspec.kernels.kv_move import move_kv_cache as move_kv_cache
 from jaxspec.kernels.multi_layer_eagle import assign_hidden_states_pool as assign_hidden_states_pool
 from jaxspec.kernels.multi_layer_eagle import rotate_input_ids as rotate_input_ids
-from jaxspec.kernels.paged_cache_locs import PageCapacityWarning as PageCapacityWarning
+from jaxspec.kernels.block_table import PageCapacityWarning as PageCapacityWarning
 from jaxspec.kernels.paged_cache_locs import compute_out_cache_loc as compute_out_cache_loc
 from jaxspec.kernels.paged_cache_locs import compute_out_cache_loc_uniform as compute_out_cache_loc_uniform
 from jaxspec.kernels.paged_cache_locs import fused_decode_input_prep as fused_decode_input_prep
-from jaxspec.kernels.paged_cache_locs import update_block_table as update_block_table
+from jaxspec.kernels.block_table import update_block_table as update_block_table
 from jaxspec.kernels.paged_cache_locs import update_req_to_page as update_req_to_page
