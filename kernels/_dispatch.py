@@ -106,8 +106,9 @@ class KernelOp:
         checks = _validate.checks_enabled() and self.checks is not None
         if checks and not _validate.has_tracer(arrays):
             err, _ = self._checker(tuple(sorted(static.items())))(*arrays)
-            err.throw()  # before the op runs: nothing written, nothing donated
-            checks = False
+            if not _validate.has_tracer(err):  # else an outer (eager) checkify sees this call: checks in-program
+                err.throw()  # before the op runs: nothing written, nothing donated
+                checks = False
         return self._jit(*arrays, implementation=impl, interpret=interpret, checks=checks, **static)
 
 
