@@ -53,3 +53,10 @@ class SpecConfig:
     def parent_list_width(self) -> int:
         """``Q = K * (S - 1) + 1``, or 0 when ``S == 1``."""
         return 0 if self.num_steps == 1 else self.topk * (self.num_steps - 1) + 1
+
+
+def check_config(config) -> SpecConfig:
+    """``config`` itself when it is a ``SpecConfig``; else ``ValueError`` (ops take it as a static argument)."""
+    if not isinstance(config, SpecConfig):
+        raise ValueError(f"config: expected a jaxspec.config.SpecConfig, got {type(config).__name__}")
+    return config

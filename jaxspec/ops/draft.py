@@ -25,7 +25,7 @@ from jaxtyping import Array, ArrayLike, Float, Float32, Int32, Integer
 
 from jaxspec import _validate
 from jaxspec._validate import check_shape, static_int
-from jaxspec.config import SpecConfig
+from jaxspec.config import SpecConfig, check_config
 
 __all__ = [
     "TreeInfo",
@@ -259,12 +259,6 @@ def _chain_jit(draft_tokens, *, num_steps):
     return DraftResults(parent_list, score_index, draft_tokens)
 
 
-def _check_config(config) -> SpecConfig:
-    if not isinstance(config, SpecConfig):
-        raise ValueError(f"config: expected a jaxspec.config.SpecConfig, got {type(config).__name__}")
-    return config
-
-
 def chain_draft_results(draft_tokens: Integer[ArrayLike, "B S"], *, config: SpecConfig) -> DraftResults:
     """K == 1 shortcut of SGLang 0.5.23 (preallocated constants in ``base_spec_worker.py``).
 
@@ -272,7 +266,7 @@ def chain_draft_results(draft_tokens: Integer[ArrayLike, "B S"], *, config: Spec
     ``draft_tokens`` passed through (int32) — exactly what :func:`organize_draft_results` yields for
     a chain. Requires ``config.topk == 1`` (then ``N == S + 1``).
     """
-    cfg = _check_config(config)
+    cfg = check_config(config)
     if cfg.topk != 1:
         raise ValueError(f"config.topk: chain_draft_results needs topk == 1, got {cfg.topk}")
     s = cfg.num_steps
@@ -295,7 +289,7 @@ def organize_mtp_draft_results(
     ``S > 1`` with ``K > 1`` raises ``ValueError``: upstream's per-step slicing ``[:, :, i]``
     silently reads the wrong columns for K > 1, so there is no meaningful reference.
     """
-    cfg = _check_config(config)
+    cfg = check_config(config)
     s, k = cfg.num_steps, cfg.topk
     if k > 1 and s > 1:
         raise ValueError(
