@@ -221,7 +221,7 @@ def dynamic_validate_move(tgt_loc, src_loc, num_slots: int, *, span: int | None 
 
 def _move_kernel(tgt_ref, src_ref, k_in, v_in, k_ref, v_ref, *, rows, span, tile, features, num_slots):
     # tgt_ref, src_ref i32[n_pad] | k_in, v_in: aliased inputs (unused: the outputs alias the same HBM)
-    # k_ref, v_ref T[L, X, F] HBM, updated in place.
+    # k_ref, v_ref T[L, X, D] HBM, updated in place.
     del k_in, v_in
     s_id, layer, f_id = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     cols = f_id * tile + jnp.arange(tile, dtype=jnp.int32)

@@ -55,7 +55,7 @@ def _lanes(n: int, cap: int = BLOCK) -> int:
 
 
 def _page_locs(gather, pool, pos, *, num_rows: int, max_pages: int, page_size: int):
-    """``loc = table[pool, pos // P] * P + pos % P``; overflow pages, invalid pools, negative positions and
+    """``loc = table[pool, pos // G] * G + pos % G``; overflow pages, invalid pools, negative positions and
     negative page ids -> slot 0 (checked mode flags the last three).
 
     ``lax.div``/``lax.rem`` truncate like Triton's ``//``/``%`` on int32. ``gather(pool_c, page_c)`` reads
@@ -508,7 +508,7 @@ def compute_out_cache_loc(
 
     Request ``r`` owns outputs ``[off_r, off_r + input_lengths[r])`` (``off`` = exclusive prefix sum);
     token ``k`` there is position ``cache_start[r] + k`` of pool row ``req_pool_indices[r]`` and lands at
-    ``req_to_pages[row, pos // P] * P + pos % P`` -- or slot 0 when ``pos // P >= M`` (seed semantics), when
+    ``req_to_pages[row, pos // G] * G + pos % G`` (``G = page_size``) -- or slot 0 when ``pos // G >= M`` (seed semantics), when
     ``pos < 0`` or when the page id is negative. ``out_size`` is a static bucket ``>= sum(input_lengths)``;
     outputs past the sum are 0 (TokenSpeed callers zero-initialise the buffer), tokens past ``out_size`` are
     dropped.
@@ -542,17 +542,28 @@ def _uniform_call(rpi, starts, table, *, page_size, uniform, interpret, fused):
     )(rpi, starts, table)
 
 
+def _uniform_args(req_to_pages, req_pool_indices, page_size, uniform_input_length, min_uniform):
+    """Validated ``(table, req_pool_indices, page_size, U)`` of the uniform-length ops."""
+    return (_table("req_to_pages", req_to_pages), _index("req_pool_indices", req_pool_indices, (None,)),
+            _validate.static_int("page_size", page_size, 1),
+            _validate.static_int("uniform_input_length", uniform_input_length, min_uniform))
+
+
 def _uniform_positions(cache_start, u):
     return cache_start[:, None] + jnp.arange(u, dtype=jnp.int32)[None, :]
 
 
-def _uniform_checks(cache_start, rpi, table, *, page_size, uniform_input_length):
+def _uniform_page_ids_valid(cache_start, rpi, table, *, page_size, uniform_input_length):
     pos = _uniform_positions(cache_start, uniform_input_length)
     pool = jnp.broadcast_to(rpi[:, None], pos.shape)
+    return _page_ids_valid(table, pool, pos, jnp.ones(pos.shape, bool), page_size=page_size)
+
+
+def _uniform_checks(cache_start, rpi, table, *, page_size, uniform_input_length):
     return [
         _pools_in_range(rpi, table.shape[0]),
         (cache_start >= 0, "cache_start: negative cache start"),
-        _page_ids_valid(table, pool, pos, jnp.ones(pos.shape, bool), page_size=page_size),
+        _uniform_page_ids_valid(cache_start, rpi, table, page_size=page_size, uniform_input_length=uniform_input_length),
     ]
 
 
@@ -582,11 +593,8 @@ def compute_out_cache_loc_uniform(
     """Uniform KV write locations (jitted): ``out[b*U + k]`` for position ``cache_start[b] + k``, ``k < U``
     (``U = uniform_input_length``, static; the multi-step drafter uses ``U = S - 1``). Same page math and
     slot-0 rule as ``compute_out_cache_loc``. Returns ``i32[B * U]``."""
-    table = _table("req_to_pages", req_to_pages)
-    rpi = _index("req_pool_indices", req_pool_indices, (None,))
+    table, rpi, page_size, u = _uniform_args(req_to_pages, req_pool_indices, page_size, uniform_input_length, 0)
     cs = _index("cache_start", cache_start, (rpi.shape[0],))
-    page_size = _validate.static_int("page_size", page_size, 1)
-    u = _validate.static_int("uniform_input_length", uniform_input_length, 0)
     return _UNIFORM(cs, rpi, table, page_size=page_size, uniform_input_length=u, implementation=implementation,
                     interpret=interpret)
 
@@ -595,12 +603,10 @@ def _fused_checks(vcl, rpi, table, *, page_size, uniform_input_length):
     n_state = vcl.shape[0]
     ok = (rpi >= 0) & (rpi < n_state)
     c = jnp.where(ok, vcl[jnp.clip(rpi, 0, n_state - 1)], 0)
-    pos = _uniform_positions(c, uniform_input_length)
-    pool = jnp.broadcast_to(rpi[:, None], pos.shape)
     return [
         _pools_in_range(rpi, min(table.shape[0], n_state)),
         (vcl >= 0, "valid_cache_lengths: negative cache length"),
-        _page_ids_valid(table, pool, pos, jnp.ones(pos.shape, bool), page_size=page_size),
+        _uniform_page_ids_valid(c, rpi, table, page_size=page_size, uniform_input_length=uniform_input_length),
     ]
 
 
@@ -631,11 +637,8 @@ def fused_decode_input_prep(
     ``seq_lens[b] = c + U``; ``positions[b*U + k] = c + k``; ``out_cache_loc`` as
     ``compute_out_cache_loc_uniform`` with ``cache_start = c`` (TokenSpeed seed; 0.1.1 dropped the
     locations). ``valid_cache_lengths`` is pool-indexed ``[R]``; ``U >= 1`` is static."""
-    table = _table("req_to_pages", req_to_pages)
+    table, rpi, page_size, u = _uniform_args(req_to_pages, req_pool_indices, page_size, uniform_input_length, 1)
     vcl = _index("valid_cache_lengths", valid_cache_lengths, (None,))
-    rpi = _index("req_pool_indices", req_pool_indices, (None,))
-    page_size = _validate.static_int("page_size", page_size, 1)
-    u = _validate.static_int("uniform_input_length", uniform_input_length, 1)
     if vcl.shape[0] < 1:
         raise ValueError(f"valid_cache_lengths: expected shape (R,) with R >= 1, got {vcl.shape}")
     return _FUSED(vcl, rpi, table, page_size=page_size, uniform_input_length=u, implementation=implementation,

@@ -14,10 +14,9 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+from jax.experimental import checkify
 import numpy as np
 from jaxtyping import Array, Float, Int32
-
-from jax.experimental import checkify
 
 from jaxspec import _validate
 from jaxspec._validate import check_shape

@@ -37,15 +37,13 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+from jax.experimental import checkify
 import numpy as np
 from jaxtyping import Array, ArrayLike, Bool, Int32, Integer, Shaped
 
-from jax.experimental import checkify
-
 from jaxspec import _validate
-from jaxspec._validate import INT32_MAX, static_int
+from jaxspec._validate import INT32_MAX, index_array, static_int
 from jaxspec.config import SpecConfig, check_config
-from jaxspec.ops.draft import index_array  # tracer-tolerant wrapper of _validate.index_array
 
 __all__ = ["TreeMaskMode", "TreeOutput", "build_tree", "build_chain_tree", "packed_mask_dtype"]
 
@@ -251,7 +249,7 @@ def _check_mask_mode(mask_mode) -> TreeMaskMode:
 
 def build_tree(
     bonus_tokens: Integer[ArrayLike, " B"],
-    parent_list: Integer[ArrayLike, "B Q"],
+    parent_list: Integer[ArrayLike, "B J"],
     top_scores_index: Integer[ArrayLike, "B N1"],
     draft_tokens: Integer[ArrayLike, "B N1"],
     seq_lens: Integer[ArrayLike, " B"],
@@ -262,8 +260,8 @@ def build_tree(
 ) -> TreeOutput:
     """Build the verify tree (SGLang ``build_tree_kernel_efficient``, ops-spec §3), jittable.
 
-    Args: ``bonus_tokens (B,)`` root token per request; ``parent_list (B, Q)`` with
-    ``Q = config.parent_list_width``; ``top_scores_index (B, N-1)`` sorted flat candidate
+    Args: ``bonus_tokens (B,)`` root token per request; ``parent_list (B, J)`` with
+    ``J = config.parent_list_width``; ``top_scores_index (B, N-1)`` sorted flat candidate
     indices; ``draft_tokens (B, N-1)``; ``seq_lens (B,)`` committed lengths (exclude the root).
     All integer arrays: int32, or int64 within int32 range. ``config`` (static) gives S, K, N.
     ``mask_mode`` (static) picks the mask layout (see :class:`TreeOutput`). ``max_seq_lens_sum``

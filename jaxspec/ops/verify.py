@@ -12,9 +12,11 @@ Mirrors, as pure jittable JAX:
   ``top_p_renorm_probs`` as resolved by ``python/sglang/kernels/ops/sampling/renorm.py`` on CUDA.
 
 Upstream runs one CUDA thread (block) per request and walks the tree scalar by scalar. Here the same
-walk is vectorised over the batch: an outer ``lax.fori_loop`` over the ``S`` depth levels and, per
-level, an inner sibling ``lax.while_loop`` bounded by ``N`` iterations (it stops as soon as every
-request has accepted a child or run out of siblings). Shapes are static; nothing syncs to the host.
+walk is vectorised over the batch: an unrolled loop over the ``S`` depth levels and, per level, a
+sibling scan: ``topk`` unrolled steps when the caller gives the ``topk`` bound (``eagle_sample`` always
+does; straight-line code), else an early-exit ``lax.while_loop`` bounded by ``N`` iterations. Shapes
+are static; nothing syncs to the host. Checked mode (``jaxspec.checks()``) is a static argument of the
+jitted cores that carry value checks (sampling, renormalisation).
 
 Outputs are functional (upstream mutates ``predicts`` / ``accept_index`` / ``accept_token_num`` and
 ``draft_probs`` in place). All integer outputs are int32; SGLang carries the tree arrays as int64 --
@@ -30,12 +32,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from jax.experimental import checkify
 from jaxtyping import Array, Bool, Float, Int32
 
-from jax.experimental import checkify
-
 from jaxspec import _validate
-from jaxspec._validate import INT32_MAX, INT32_MIN, check, check_shape, float_array, index_array, static_int
+from jaxspec._validate import check_shape, float_array, index_array, static_int
 
 THRESHOLD_ACC_MIN = 1e-9  # the 0.5.23 launcher clamps threshold_acc to >= 1e-9 (sampling.cuh host code)
 _FLOAT_DTYPES = (np.float32,)
