@@ -21,6 +21,10 @@ Differences from upstream, all on inputs upstream leaves undefined (the checked 
   * duplicate ``req_pool_indices`` with overlapping writes race upstream and are unspecified here too.
 Outputs are returned, never written into caller buffers; table updates donate the table so XLA updates it
 in place (``input_output_aliases`` on the ``pallas_call``).
+
+Length (over ~500 lines): four ops, each a reference, a kernel body, its checks and a public wrapper, all
+built on the one shared page math (``_page_locs``) that keeps reference and kernel bit-identical; the host
+block-table packer lives in ``block_table.py``.
 """
 
 import functools
