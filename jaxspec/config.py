@@ -1,11 +1,6 @@
 """Static speculative-decoding configuration (hashable, usable as a jit static argument).
 
-Letters of the ops and kernels (docstrings and jaxtyping strings): ``S`` steps, ``K`` top-k, ``N`` draft
-tokens per request (the root included), ``A = S + 1`` accept width, ``C = K + (S-1)K^2`` scored candidates,
-``J = K(S-1) + 1`` parent-list width, ``B`` batch, ``V`` vocabulary, ``T`` flattened tokens, ``X`` KV pool
-slots, ``L`` layers, ``R`` request rows, ``W`` max tokens per request row, ``M`` max pages per row,
-``G`` page size, ``D`` KV row width, ``H`` hidden size. Model-side letters (``Q`` fresh tokens per row,
-``P``, ``Hkv``, ``E``, ``F``) are in ``jaxspec/protocols.py``; the two lists share no letter with two meanings.
+Dimension letters (``S``, ``K``, ``N``, ``A``, ``C``, ``J`` here): the glossary in ``jaxspec/_shapes.py``.
 """
 
 import dataclasses
