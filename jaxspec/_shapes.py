@@ -1,5 +1,7 @@
 """The one letter glossary of jaxspec: jaxtyping strings, docstrings and test dimensions use these letters.
 
+A trailing 1 means minus one (``N1 = N - 1``, ``S1 = S - 1``); juxtaposed letters multiply (``BN = B * N``).
+
 Speculation (``SpecConfig``)
   S  speculative steps (draft depth, ``speculative_num_steps``)
   K  top-k per draft step (``speculative_eagle_topk``)
@@ -12,6 +14,7 @@ Batches, tokens, vocabulary
   B  batch (requests / rows in one step)
   T  flattened tokens (a packed ragged axis)
   Q  fresh tokens per row in one model forward (``jaxspec.protocols``)
+  U  uniform tokens per request of the paged location ops (``T = B * U``)
   V  vocab size
 
 Caches and tables

@@ -4,8 +4,8 @@
 (``python/sglang/srt/speculative/spec_utils.py``, ``eagle_worker_common.py``); ops-spec §10.
 
 Pool layout: all layers stacked, ``k_buffer`` / ``v_buffer`` of shape ``(L, X, H, E)`` (slots ``X``, any
-trailing feature dims, any dtype; bf16 typical), or the paged ``(L, P, G, H, E)`` with ``paged=True``:
-slot id = ``page * G + offset`` is exactly the row-major flattening of ``(P, G)``, so the same kernel
+trailing feature dims, any dtype; bf16 typical), or the paged ``(L, X/G, G, Hkv, E)`` with ``paged=True``:
+slot id = ``page * G + offset`` is exactly the row-major flattening of ``(X/G, G)``, so the same kernel
 serves every page size (the wrapper reshapes to ``(L, X, F)``, a free bitcast).
 
 Semantics: ``buf[:, tgt] = buf[:, src]`` for K and V, a parallel assignment. The Pallas kernel works in
@@ -98,7 +98,7 @@ class KVBuffers(NamedTuple):
 def _as_rows(buf, paged: bool):
     if paged:
         if buf.ndim < 3:
-            raise ValueError(f"paged pool: expected (L, P, G, ...), got shape {buf.shape}")
+            raise ValueError(f"paged pool: expected (L, X/G, G, ...), got shape {buf.shape}")
         return buf.reshape(buf.shape[0], buf.shape[1] * buf.shape[2], -1)
     if buf.ndim < 2:
         raise ValueError(f"pool: expected (L, X, ...), got shape {buf.shape}")
@@ -283,7 +283,7 @@ def _check_pool(k_buffer, v_buffer, paged):
         if not jnp.issubdtype(b.dtype, jnp.floating) and not jnp.issubdtype(b.dtype, jnp.integer):
             raise ValueError(f"{name}: expected a float (or raw integer) KV dtype, got {b.dtype}")
         if b.ndim < (3 if paged else 2):
-            raise ValueError(f"{name}: expected shape {'(L, P, G, ...)' if paged else '(L, X, ...)'}, got {b.shape}")
+            raise ValueError(f"{name}: expected shape {'(L, X/G, G, ...)' if paged else '(L, X, ...)'}, got {b.shape}")
     lead = 3 if paged else 2
     if k_buffer.shape[:lead] != v_buffer.shape[:lead]:
         raise ValueError(f"k_buffer/v_buffer: slot dims differ: {k_buffer.shape=} {v_buffer.shape=}")
@@ -352,7 +352,7 @@ def move_kv_cache(
 ) -> KVBuffers:
     """Move KV rows of every layer: ``buf[:, tgt] = buf[:, src]`` for K and V, in place (buffers donated).
 
-    ``k_buffer``/``v_buffer``: ``(L, X, *features)`` or, with ``paged=True``, ``(L, P, G, *features)``;
+    ``k_buffer``/``v_buffer``: ``(L, X, *features)`` or, with ``paged=True``, ``(L, X/G, G, *features)``;
     locations are slot ids (``page * G + offset``). ``span``: pairs per independent program group (see the
     module docstring; ``None`` = one group, safe for any read-before-write-in-index-order pattern such as
     SGLang's packed accept move). Pairs with a slot outside ``[0, X)`` are dropped. Checked mode: slots in

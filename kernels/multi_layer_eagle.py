@@ -81,11 +81,11 @@ def rotate_input_ids_reference(
 def assign_hidden_states_pool_reference(
     hidden_states: Shaped[Array, "T H"],
     req_pool_indices: Int32[Array, "B"],
-    req_to_hidden_states_pool: Shaped[Array, "R W H"],
+    req_to_hidden_states_pool: Shaped[Array, "R S1 H"],
     extend_seq_lens: Int32[Array, "B"],
     extend_start_loc: Int32[Array, "B"],
-) -> Shaped[Array, "R W H"]:
-    """``pool[req_pool_indices[b], i, :] = hidden_states[end_b - W + i, :]`` for ``i < W`` (``W = S - 1``,
+) -> Shaped[Array, "R S1 H"]:
+    """``pool[req_pool_indices[b], i, :] = hidden_states[end_b - S1 + i, :]`` for ``i < S1`` (``S1 = S - 1``,
     ``end_b = extend_start_loc[b] + extend_seq_lens[b]``). Source rows outside ``[0, T)`` read as zeros;
     out-of-range pool rows are not written."""
     n_rows, width, _ = req_to_hidden_states_pool.shape
@@ -153,8 +153,8 @@ def _assign_hidden_states_pool_kernel(
     len_ref,  # i32[B], GMEM
     start_ref,  # i32[B], GMEM
     hid_ref,  # [T, H] float, GMEM
-    pool_in_ref,  # [R, W, H] float, GMEM (aliased with pool_ref; unused)
-    pool_ref,  # [R, W, H] float, GMEM (output)
+    pool_in_ref,  # [R, S1, H] float, GMEM (aliased with pool_ref; unused)
+    pool_ref,  # [R, S1, H] float, GMEM (output)
     *,
     lanes: int,
 ):
@@ -290,16 +290,16 @@ def assign_hidden_states_pool(
     *,
     implementation: str = "auto",
     interpret: bool = False,
-) -> Shaped[Array, "R W H"]:
+) -> Shaped[Array, "R S1 H"]:
     """Seed MTP hidden-state pool update (jitted; the pool is donated): returns the new pool.
 
-    ``pool[req_pool_indices[b], i, :] = hidden_states[end_b - W + i, :]`` for ``i < W``, where
-    ``W = S - 1 = pool.shape[1]`` (upstream's ``pool_size``; ``W == 0`` is a no-op) and
-    ``end_b = extend_start_loc[b] + extend_seq_lens[b]``: the last ``W`` hidden rows of each segment.
+    ``pool[req_pool_indices[b], i, :] = hidden_states[end_b - S1 + i, :]`` for ``i < S1``, where
+    ``S1 = S - 1 = pool.shape[1]`` (upstream's ``pool_size``; ``S1 == 0`` is a no-op) and
+    ``end_b = extend_start_loc[b] + extend_seq_lens[b]``: the last ``S1`` hidden rows of each segment.
 
-    Hazard kept from upstream: when ``extend_seq_lens[b] < W`` the rows before the segment (the previous
+    Hazard kept from upstream: when ``extend_seq_lens[b] < S1`` the rows before the segment (the previous
     request's tail) are copied. Rows before 0 or past ``T`` (undefined memory upstream) read as zeros here;
-    out-of-range pool rows are not written. ``hidden_states`` ``[T, H]`` and the pool ``[R, W, H]`` share a
+    out-of-range pool rows are not written. ``hidden_states`` ``[T, H]`` and the pool ``[R, S1, H]`` share a
     float dtype (bf16/f16/f32).
     """
     hidden = _float("hidden_states", hidden_states, (None, None), HIDDEN_DTYPES)
