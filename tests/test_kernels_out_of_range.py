@@ -142,3 +142,15 @@ def test_traced_wide_or_unsigned_ids_are_refused():  # D9
     with pytest.raises(ValueError, match="req_pool_indices: a traced uint32 array"):
         f(jnp.array([3_000_000_000], jnp.uint32))
     np.testing.assert_array_equal(np.asarray(f(jnp.array([1], jnp.uint16))), [106, 107])
+
+
+def test_negative_page_id_is_flagged_in_checked_mode():  # D7 (checked mode)
+    from jax.experimental import checkify
+
+    from jaxspec.testing import checked_call
+
+    err, out = checked_call(pcl.compute_out_cache_loc_uniform, jnp.array([3], jnp.int32), jnp.array([1], jnp.int32),
+                            jnp.asarray(TABLE), page_size=4, uniform_input_length=2)
+    with pytest.raises(checkify.JaxRuntimeError, match="negative page id"):
+        err.throw()
+    np.testing.assert_array_equal(np.asarray(out), [19, 0])
