@@ -7,6 +7,7 @@ needs neither torch nor triton), the tiny model pair in ``jaxspec.models`` and t
 loop in ``jaxspec.engine``.
 """
 
+from jaxspec._validate import checked as checked
 from jaxspec._validate import checks as checks
 from jaxspec.config import SpecConfig as SpecConfig
 from jaxspec.ops.accept import EagleSampleOutput as EagleSampleOutput

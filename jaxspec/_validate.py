@@ -5,10 +5,23 @@ Three tiers (see docs in README):
   (b) concrete values: when an argument is a concrete (NumPy or committed JAX) array, int64 values are
       range-checked before they are narrowed to int32 -- never a silent truncation;
   (c) in-jit value checks behind the ``JAXSPEC_CHECKS`` switch (``checks_enabled()``), written with
-      ``jax.experimental.checkify``: wrap the caller in ``checkify.checkify`` to receive them.
+      ``jax.experimental.checkify``.
+
+Checked mode (``JAXSPEC_CHECKS=1`` or ``with jaxspec.checks():``) is a static argument of every jitted op
+(``checks=``), so it is part of the jit cache key: a checked call after a plain one with the same shapes
+retraces with the checks, and a plain call after a checked one reuses the plain trace.
+
+* Eager calls (concrete inputs) check themselves: ``call_checked`` runs the op under ``checkify`` and raises
+  ``checkify.JaxRuntimeError``; kernels that write in place run their checks in a separate program BEFORE
+  the write (``kernels/_dispatch.py``), so a failed check never costs the donated buffer.
+* Inside a caller's ``jax.jit`` the checks are ``checkify.check``s in the caller's program: functionalize the
+  caller with ``checkify.checkify`` (or use ``checked(fn)``), and make the checks switch part of the caller's
+  own jit key (trace it with the switch on, e.g. pass ``checks_enabled()`` as a static argument). In-place
+  kernels then skip their write when a check fails (the buffer comes back unchanged with the error).
 """
 
 import contextlib
+import functools
 import os
 from collections.abc import Sequence
 
@@ -45,6 +58,49 @@ def check(pred, msg: str, *fmt_args):
         checkify.check(pred, msg, *fmt_args)
 
 
+def has_tracer(tree) -> bool:
+    """Whether any leaf of ``tree`` is a tracer (the call is inside a caller's trace)."""
+    return any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree.leaves(tree))
+
+
+@functools.lru_cache(maxsize=None)
+def _checkified(jitted, static_items):
+    return jax.jit(checkify.checkify(functools.partial(jitted, checks=True, **dict(static_items))))
+
+
+def call_checked(jitted, *args, **static):
+    """Call ``jitted(*args, checks=..., **static)`` (``checks`` one of its static arguments) in the current mode.
+
+    Checks off: the plain program. Checks on inside a trace: the checked program (the caller functionalizes).
+    Checks on with concrete inputs: the checked program under ``checkify``; a failed check raises
+    ``checkify.JaxRuntimeError``. Not for ops that donate buffers (``kernels/_dispatch.py`` checks those first).
+    """
+    if not checks_enabled():
+        return jitted(*args, checks=False, **static)
+    if has_tracer(args):
+        return jitted(*args, checks=True, **static)
+    err, out = _checkified(jitted, tuple(sorted(static.items())))(*args)
+    if has_tracer(err):  # an outer (eager) checkify sees this call: leave the checks in its program
+        return jitted(*args, checks=True, **static)
+    err.throw()
+    return out
+
+
+def checked(fn):
+    """``fn`` with checked mode on while it traces and its checks functionalized: a failed check raises
+    ``checkify.JaxRuntimeError``. ``fn`` may be a caller's ``jax.jit`` function; trace it fresh (its cache does
+    not know the switch) or give it the switch as a static argument."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        with checks(True):
+            err, out = checkify.checkify(fn)(*args, **kwargs)
+        err.throw()
+        return out
+
+    return wrapper
+
+
 def _is_concrete(x) -> bool:
     if isinstance(x, (np.ndarray, np.generic, int, list, tuple)):
         return True
@@ -77,8 +133,8 @@ def index_array(name: str, x, shape: Sequence[int | None] | None = None, *, allo
 
     int32 passes through. int64 (and other integer dtypes) is narrowed only after a value check:
     concrete arrays are checked on the host (``ValueError`` naming the argument if any value falls
-    outside int32); a traced int64 array (x64 mode inside jit) is narrowed with a tier-(c) check.
-    Floats and bools are refused.
+    outside int32). Traced arrays: int8/int16/uint8/uint16 are widened; int64, uint32 and uint64 are
+    refused (``ValueError``) since their values may not fit. Floats and bools are refused.
     """
     if x is None:
         if allow_none:
@@ -100,11 +156,13 @@ def index_array(name: str, x, shape: Sequence[int | None] | None = None, *, allo
                 f"and refuses to truncate"
             )
         return jnp.asarray(arr.astype(np.int32))
-    # Traced wide integer (only possible with jax_enable_x64): narrow with an opt-in in-jit check.
-    check(
-        jnp.all((x >= INT32_MIN) & (x <= INT32_MAX)),
-        f"{name}: {dtype} value does not fit in int32",
-    )
+    # Traced: only integer dtypes whose every value fits in int32 are widened; wider or 32-bit unsigned
+    # ones would wrap silently (uint32 3e9 -> negative), so they are refused at trace time.
+    if dtype.itemsize > 4 or (dtype.itemsize == 4 and np.issubdtype(dtype, np.unsignedinteger)):
+        raise ValueError(
+            f"{name}: a traced {dtype} array may hold values outside int32 and jaxspec refuses to narrow it "
+            f"silently; pass int32 inside jit (or a concrete array, which is range-checked on the host)"
+        )
     return x.astype(jnp.int32)
 
 

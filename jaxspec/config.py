@@ -1,4 +1,7 @@
-"""Static speculative-decoding configuration (hashable, usable as a jit static argument)."""
+"""Static speculative-decoding configuration (hashable, usable as a jit static argument).
+
+Dimension letters (``S``, ``K``, ``N``, ``A``, ``C``, ``J`` here): the glossary in ``jaxspec/_shapes.py``.
+"""
 
 import dataclasses
 
@@ -51,5 +54,12 @@ class SpecConfig:
 
     @property
     def parent_list_width(self) -> int:
-        """``Q = K * (S - 1) + 1``, or 0 when ``S == 1``."""
+        """``J = K * (S - 1) + 1``, or 0 when ``S == 1``."""
         return 0 if self.num_steps == 1 else self.topk * (self.num_steps - 1) + 1
+
+
+def check_config(config) -> SpecConfig:
+    """``config`` itself when it is a ``SpecConfig``; else ``ValueError`` (ops take it as a static argument)."""
+    if not isinstance(config, SpecConfig):
+        raise ValueError(f"config: expected a jaxspec.config.SpecConfig, got {type(config).__name__}")
+    return config

@@ -1,8 +1,16 @@
 """Pallas GPU kernels for paged cache-location and KV-move work, each beside a pure-jnp reference.
 
 Every public op takes ``implementation="auto" | "pallas" | "reference"`` and ``interpret=`` (run the
-Pallas kernel on CPU). ``"auto"`` is Pallas on a GPU and the reference elsewhere; an explicit
-``"pallas"`` never falls back silently. Backend-specific imports live in ``_backend.py`` alone.
+Pallas kernel on CPU) and follows one dispatch convention (``_dispatch.py``): validate on the host ->
+resolve ``implementation`` (``_backend.py``) -> one jitted ``KernelOp`` keyed on the static config,
+the implementation, ``interpret`` and checked mode. ``"auto"`` is Pallas on a GPU (or with
+``interpret=True``) when this jax has the kernel's Pallas backend, and the reference elsewhere (with
+one ``PallasBackendWarning`` when the backend is missing); an explicit ``"pallas"`` never falls back
+silently. Backend-specific imports live in one module per backend (``_triton.py``).
+
+Out-of-range slots, pages, rows, accept indices and lengths have one defined behaviour, the same in the
+reference and the kernel (a dropped write or a slot-0 read; see each module); checked mode
+(``jaxspec.checks()``) flags them before anything is written.
 """
 
 from jaxspec.kernels.cache_locs import assign_draft_cache_locs as assign_draft_cache_locs
@@ -18,9 +26,9 @@ from jaxspec.kernels.kv_move import move_accept_tokens_to_target_kvcache as move
 from jaxspec.kernels.kv_move import move_kv_cache as move_kv_cache
 from jaxspec.kernels.multi_layer_eagle import assign_hidden_states_pool as assign_hidden_states_pool
 from jaxspec.kernels.multi_layer_eagle import rotate_input_ids as rotate_input_ids
-from jaxspec.kernels.paged_cache_locs import PageCapacityWarning as PageCapacityWarning
+from jaxspec.kernels.block_table import PageCapacityWarning as PageCapacityWarning
 from jaxspec.kernels.paged_cache_locs import compute_out_cache_loc as compute_out_cache_loc
 from jaxspec.kernels.paged_cache_locs import compute_out_cache_loc_uniform as compute_out_cache_loc_uniform
 from jaxspec.kernels.paged_cache_locs import fused_decode_input_prep as fused_decode_input_prep
-from jaxspec.kernels.paged_cache_locs import update_block_table as update_block_table
+from jaxspec.kernels.block_table import update_block_table as update_block_table
 from jaxspec.kernels.paged_cache_locs import update_req_to_page as update_req_to_page

@@ -1,40 +1,33 @@
-"""The one module that knows which Pallas GPU backend jaxspec kernels lower through.
+"""Which implementation a kernel call runs: ``"auto" | "pallas" | "reference"`` -> ``"pallas"`` or ``"reference"``.
 
-Today: the Pallas **Triton** lowering (deprecated upstream in jax 0.11, still the only GPU lowering
-with vector-indexed gathers/scatters on Hopper; see shared platform notes). Every backend-specific
-import lives here so a migration to Mosaic GPU touches this file only.
+Backend-specific Pallas imports live in one module per backend (``_triton.py``; a Mosaic GPU module
+registers the same way). ``BACKENDS`` maps a backend name to the module whose ``lowering()`` says whether
+the installed jax has it. A kernel names the backend(s) its Pallas path is written for
+(``backends=("triton",)``); resolution picks the first one present.
 
-Kernels use:
-  * ``pl`` (``jax.experimental.pallas``): ``pallas_call``, ``BlockSpec``, ``program_id``, ``ds``, ``when``;
-  * ``load`` / ``store``: masked vector loads/stores on ``ref.at[...]`` (gathers/scatters);
-  * ``compiler_params(num_warps=..., num_stages=...)`` for ``pallas_call(compiler_params=...)``.
-
-Interpret-mode trap (CPU): masked-off lanes of a scatter still write back the old value; park masked
-lanes on an out-of-range index or guard with ``pl.when``.
+Rules:
+  * ``"reference"``: the pure-jnp reference, always;
+  * ``"pallas"``: a CUDA GPU (or ``interpret=True``) and one of the kernel's backends in this jax; else
+    ``ValueError`` saying which is missing (no silent fallback);
+  * ``"auto"``: Pallas on a GPU (or with ``interpret=True``) when one of the kernel's backends is
+    present; the reference elsewhere. When a GPU / interpret is there but no backend is, it falls back
+    to the reference with one ``PallasBackendWarning`` per backend set and process.
 """
 
+import importlib
 import warnings
 
 import jax
-from jax.experimental import pallas as pl
 
-with warnings.catch_warnings():
-    warnings.simplefilter("ignore", DeprecationWarning)
-    from jax.experimental.pallas import triton as _pltriton
+# backend name -> module (under jaxspec.kernels) exposing ``lowering()`` (None when absent)
+BACKENDS = {"triton": "jaxspec.kernels._triton", "mosaic_gpu": "jaxspec.kernels._mosaic_gpu"}
+IMPLEMENTATIONS = ("auto", "pallas", "reference")
 
-load = _pltriton.load
-store = _pltriton.store
-atomic_add = getattr(_pltriton, "atomic_add", None)
-# tl.debug_barrier: orders a program's loads before its stores (rotate_input_ids' in-segment shift).
-debug_barrier = _pltriton.debug_barrier
-
-BACKEND_NAME = "pallas-triton"
+_warned: set = set()
 
 
-def compiler_params(*, num_warps: int = 4, num_stages: int = 1):
-    """Backend compiler params for ``pallas_call``."""
-    cls = getattr(_pltriton, "CompilerParams", None) or getattr(_pltriton, "TritonCompilerParams")
-    return cls(num_warps=num_warps, num_stages=num_stages)
+class PallasBackendWarning(UserWarning):
+    """``implementation="auto"`` fell back to the jnp reference: no Pallas backend of the kernel in this jax."""
 
 
 def gpu_available() -> bool:
@@ -45,25 +38,56 @@ def gpu_available() -> bool:
         return False
 
 
-def resolve_implementation(implementation: str, interpret: bool) -> str:
-    """Map ``"auto" | "pallas" | "reference"`` to the concrete implementation.
+def backend_available(name: str) -> bool:
+    """Whether the installed jax has the Pallas lowering of backend ``name``."""
+    if name not in BACKENDS:
+        raise ValueError(f"unknown Pallas backend {name!r}; known: {sorted(BACKENDS)}")
+    try:
+        mod = importlib.import_module(BACKENDS[name])
+    except ImportError:
+        return False
+    return mod.lowering() is not None
 
-    ``"auto"`` picks Pallas on a GPU (or when ``interpret=True``) and the jnp reference elsewhere.
-    An explicit ``"pallas"`` without a GPU and without ``interpret=True`` raises instead of silently
-    falling back.
-    """
+
+def pick_backend(backends=("triton",)) -> str | None:
+    """The first of ``backends`` present in this jax, or None."""
+    return next((b for b in backends if backend_available(b)), None)
+
+
+def resolve_implementation(implementation: str, interpret: bool, *, backends=("triton",)) -> str:
+    """Map ``"auto" | "pallas" | "reference"`` to ``"pallas"`` or ``"reference"`` (module docstring)."""
+    if implementation not in IMPLEMENTATIONS:
+        raise ValueError(f"implementation: expected 'auto', 'pallas' or 'reference', got {implementation!r}")
     if implementation == "reference":
         return "reference"
+    device_ok = interpret or gpu_available()
     if implementation == "pallas":
-        if not (interpret or gpu_available()):
+        if not device_ok:
             raise ValueError(
                 "implementation='pallas' needs a CUDA GPU or interpret=True (no silent fallback); "
                 "use implementation='reference' or 'auto' on CPU"
             )
+        if pick_backend(backends) is None:
+            raise ValueError(
+                f"implementation='pallas': this jax {jax.__version__} has none of the Pallas lowerings this kernel "
+                f"is written for ({', '.join(backends)}); use implementation='reference' or 'auto'"
+            )
         return "pallas"
-    if implementation == "auto":
-        return "pallas" if (interpret or gpu_available()) else "reference"
-    raise ValueError(f"implementation: expected 'auto', 'pallas' or 'reference', got {implementation!r}")
+    if not device_ok:
+        return "reference"
+    if pick_backend(backends) is None:
+        key = tuple(backends)
+        if key not in _warned:
+            _warned.add(key)
+            warnings.warn(
+                f"jaxspec: jax {jax.__version__} has no Pallas {'/'.join(backends)} lowering; implementation='auto' "
+                f"runs the jnp reference kernels instead (same results, slower)",
+                PallasBackendWarning,
+                stacklevel=3,
+            )
+        return "reference"
+    return "pallas"
 
 
-__all__ = ["pl", "load", "store", "atomic_add", "debug_barrier", "compiler_params", "gpu_available", "resolve_implementation"]
+__all__ = ["BACKENDS", "PallasBackendWarning", "backend_available", "gpu_available", "pick_backend",
+           "resolve_implementation"]

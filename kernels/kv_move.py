@@ -4,8 +4,8 @@
 (``python/sglang/srt/speculative/spec_utils.py``, ``eagle_worker_common.py``); ops-spec §10.
 
 Pool layout: all layers stacked, ``k_buffer`` / ``v_buffer`` of shape ``(L, X, H, E)`` (slots ``X``, any
-trailing feature dims, any dtype; bf16 typical), or the paged ``(L, P, G, H, E)`` with ``paged=True``:
-slot id = ``page * G + offset`` is exactly the row-major flattening of ``(P, G)``, so the same kernel
+trailing feature dims, any dtype; bf16 typical), or the paged ``(L, X/G, G, Hkv, E)`` with ``paged=True``:
+slot id = ``page * G + offset`` is exactly the row-major flattening of ``(X/G, G)``, so the same kernel
 serves every page size (the wrapper reshapes to ``(L, X, F)``, a free bitcast).
 
 Semantics: ``buf[:, tgt] = buf[:, src]`` for K and V, a parallel assignment. The Pallas kernel works in
@@ -24,6 +24,13 @@ in ONE launch. What it guarantees (see ``dynamic_validate_move`` for the exact r
   ``a_k >= k``); ``move_accept_tokens_to_target_kvcache`` lays pairs out request-aligned so that spans
   are independent and the move runs fully parallel.
 * pairs with ``tgt == src`` (the root self-copy, the ``0 <- 0`` padding) are skipped: no traffic.
+
+Out-of-range values (one rule, reference and kernel alike): a pair whose ``tgt`` or ``src`` slot lies
+outside ``[0, X)`` is dropped (nothing written, no wrap-around to slot ``X - 1``). In the accept move a
+request's moved entries are its leading ``k < min(accept_lens[b], A, N)`` entries whose node ids lie in
+``[0, B*N)``; the row is cut at the first entry that is not (so no other request's slot is written).
+Checked mode flags all of these, and traced hazards (``move_hazards``), before anything is written
+(``kernels/_dispatch.py``).
 """
 
 import dataclasses
@@ -35,13 +42,12 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Int32
 
-from jaxspec._validate import check, check_shape, index_array, static_int
-from jaxspec.kernels._backend import compiler_params, load, pl, resolve_implementation, store
-from jaxspec.kernels.cache_locs import (
-    _host_narrowed,
-    fill_accept_out_cache_loc_reference,
-    fill_front_out_cache_loc_reference,
-)
+from jax.experimental import pallas as pl
+
+from jaxspec._validate import index_array, static_int
+from jaxspec.kernels._dispatch import KernelOp, next_pow2
+from jaxspec.kernels._triton import compiler_params, load, store
+from jaxspec.kernels.cache_locs import fill_accept_out_cache_loc_reference, fill_front_out_cache_loc_reference
 
 # One 16-byte vector per thread per row: the widest global access on sm_90 (LDG.128/STG.128).
 VECTOR_BYTES = 16
@@ -71,7 +77,7 @@ class MoveConfig:
 
     def feature_tile(self, features: int, itemsize: int) -> int:
         tile = max(VECTOR_BYTES // itemsize, 1) * _WARP * self.num_warps
-        return min(tile, 1 << max(features - 1, 0).bit_length())
+        return min(tile, next_pow2(features))
 
 
 DEFAULT_CONFIG = MoveConfig()
@@ -92,7 +98,7 @@ class KVBuffers(NamedTuple):
 def _as_rows(buf, paged: bool):
     if paged:
         if buf.ndim < 3:
-            raise ValueError(f"paged pool: expected (L, P, G, ...), got shape {buf.shape}")
+            raise ValueError(f"paged pool: expected (L, X/G, G, ...), got shape {buf.shape}")
         return buf.reshape(buf.shape[0], buf.shape[1] * buf.shape[2], -1)
     if buf.ndim < 2:
         raise ValueError(f"pool: expected (L, X, ...), got shape {buf.shape}")
@@ -100,11 +106,15 @@ def _as_rows(buf, paged: bool):
 
 
 def move_kv_cache_reference(k_buffer, v_buffer, tgt_loc, src_loc, *, paged=False):
-    """``buf.at[:, tgt].set(buf[:, src])`` for K and V (XLA gather + scatter; parallel assignment)."""
+    """``buf.at[:, tgt].set(buf[:, src])`` for K and V (XLA gather + scatter; parallel assignment); pairs
+    with a slot outside ``[0, X)`` are dropped."""
     out = []
     for buf in (k_buffer, v_buffer):
         rows = _as_rows(buf, paged)
-        out.append(rows.at[:, tgt_loc].set(rows[:, src_loc]).reshape(buf.shape))
+        x = rows.shape[1]
+        ok = (tgt_loc >= 0) & (tgt_loc < x) & (src_loc >= 0) & (src_loc < x)
+        vals = rows[:, jnp.clip(src_loc, 0, max(x - 1, 0))]
+        out.append(rows.at[:, jnp.where(ok, tgt_loc, x)].set(vals, mode="drop").reshape(buf.shape))
     return KVBuffers(*out)
 
 
@@ -119,9 +129,24 @@ def compact_accept_to_front_reference(x, accept_index, *, num_draft_tokens):
     return blocks.at[:, :a].set(gathered).reshape(x.shape)
 
 
+def accepted_prefix(accept_index, accept_lens, num_draft_tokens: int):
+    """The entries the accept move uses: row b keeps its leading ``k < min(accept_lens[b], A, N)`` entries with
+    node ids in ``[0, B*N)``, cut at the first entry that is not; returns ``(accept_index, accept_lens)`` with
+    the rest set to -1 / counted out. The identity on verify's legal outputs."""
+    bs, a = accept_index.shape
+    k = jnp.arange(a, dtype=jnp.int32)[None, :]
+    good = (k < accept_lens[:, None]) & (k < num_draft_tokens) & (accept_index >= 0)
+    good = good & (accept_index < bs * num_draft_tokens)
+    keep = jnp.cumprod(good.astype(jnp.int32), axis=1) > 0
+    return jnp.where(keep, accept_index, -1), jnp.sum(keep, axis=1, dtype=jnp.int32)
+
+
 def move_accept_pairs_reference(accept_index, accept_lens, out_cache_loc):
-    """0.5.23 packed pairs: ``tgt = fill_front(accept_lens, out_cache_loc)``, ``src = fill_accept(...)``."""
-    a = accept_index.shape[1]
+    """0.5.23 packed pairs: ``tgt = fill_front(accept_lens, out_cache_loc)``, ``src = fill_accept(...)``
+    over ``accepted_prefix`` of the inputs."""
+    bs, a = accept_index.shape
+    if bs:
+        accept_index, accept_lens = accepted_prefix(accept_index, accept_lens, out_cache_loc.shape[0] // bs)
     tgt = fill_front_out_cache_loc_reference(accept_lens, out_cache_loc, width=a)
     src = fill_accept_out_cache_loc_reference(accept_index, out_cache_loc)
     return tgt, src
@@ -196,7 +221,7 @@ def dynamic_validate_move(tgt_loc, src_loc, num_slots: int, *, span: int | None 
 
 def _move_kernel(tgt_ref, src_ref, k_in, v_in, k_ref, v_ref, *, rows, span, tile, features, num_slots):
     # tgt_ref, src_ref i32[n_pad] | k_in, v_in: aliased inputs (unused: the outputs alias the same HBM)
-    # k_ref, v_ref T[L, X, F] HBM, updated in place.
+    # k_ref, v_ref T[L, X, D] HBM, updated in place.
     del k_in, v_in
     s_id, layer, f_id = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     cols = f_id * tile + jnp.arange(tile, dtype=jnp.int32)
@@ -206,7 +231,8 @@ def _move_kernel(tgt_ref, src_ref, k_in, v_in, k_ref, v_ref, *, rows, span, tile
         base = s_id * span + c * rows
         t = tgt_ref[pl.ds(base, rows)]
         s = src_ref[pl.ds(base, rows)]
-        act = t != s  # self-copies and 0 <- 0 padding move nothing
+        # self-copies and 0 <- 0 padding move nothing; pairs with a slot outside [0, X) are dropped
+        act = (t != s) & (t >= 0) & (t < num_slots) & (s >= 0) & (s < num_slots)
         m = act[:, None] & col_ok[None, :]
         s_idx = jnp.where(act, s, 0)[:, None]
         t_idx = jnp.where(act, t, num_slots)[:, None]  # park masked rows out of range (interpret trap)
@@ -257,28 +283,52 @@ def _check_pool(k_buffer, v_buffer, paged):
         if not jnp.issubdtype(b.dtype, jnp.floating) and not jnp.issubdtype(b.dtype, jnp.integer):
             raise ValueError(f"{name}: expected a float (or raw integer) KV dtype, got {b.dtype}")
         if b.ndim < (3 if paged else 2):
-            raise ValueError(f"{name}: expected shape {'(L, P, G, ...)' if paged else '(L, X, ...)'}, got {b.shape}")
+            raise ValueError(f"{name}: expected shape {'(L, X/G, G, ...)' if paged else '(L, X, ...)'}, got {b.shape}")
     lead = 3 if paged else 2
     if k_buffer.shape[:lead] != v_buffer.shape[:lead]:
         raise ValueError(f"k_buffer/v_buffer: slot dims differ: {k_buffer.shape=} {v_buffer.shape=}")
     return int(np.prod(k_buffer.shape[1:lead]))
 
 
-def _loc(name, x, shape):
-    dtype = getattr(x, "dtype", None)
-    if isinstance(x, jax.core.Tracer):
-        if dtype != jnp.int32:
-            raise ValueError(f"{name}: expected int32 slot ids inside jit, got {dtype}")
-        check_shape(name, x, shape)
-        return x
-    return index_array(name, x, shape)
-
-
 def _move(k_buffer, v_buffer, tgt, src, *, span, paged, config, impl, interpret):
-    if impl == "reference" or tgt.shape[0] == 0 or k_buffer.shape[0] == 0 or k_buffer.size == 0:
-        if tgt.shape[0] == 0 or k_buffer.size == 0:
-            return KVBuffers(k_buffer, v_buffer)
+    if tgt.shape[0] == 0 or k_buffer.size == 0:
+        return KVBuffers(k_buffer, v_buffer)
+    if impl == "reference":
         return move_kv_cache_reference(k_buffer, v_buffer, tgt, src, paged=paged)
+    k3, v3 = _as_rows(k_buffer, paged), _as_rows(v_buffer, paged)
+    kk, vv = _move_pallas(k3, v3, tgt, src, span=span, config=config, interpret=interpret)
+    return KVBuffers(kk.reshape(k_buffer.shape), vv.reshape(v_buffer.shape))
+
+
+def _unchanged(k_buffer, v_buffer, *_):
+    return KVBuffers(k_buffer, v_buffer)
+
+
+def _move_checks(k_buffer, v_buffer, tgt, src, *, span, paged, config):
+    num_slots = int(np.prod(k_buffer.shape[1:(3 if paged else 2)]))
+    out = [
+        ((tgt >= 0) & (tgt < num_slots), f"move_kv_cache: tgt_loc out of range [0, {num_slots})"),
+        ((src >= 0) & (src < num_slots), f"move_kv_cache: src_loc out of range [0, {num_slots})"),
+    ]
+    if tgt.shape[0]:
+        sp = tgt.shape[0] if span is None else span
+        out.append((~jnp.any(move_hazards(tgt, src, rows=config.rows, span=sp, xp=jnp)),
+                    "move_kv_cache: overlapping src/tgt pairs (order-dependent move)"))
+    return out
+
+
+def _move_impl(k_buffer, v_buffer, tgt, src, *, span, paged, config, implementation, interpret):
+    return _move(k_buffer, v_buffer, tgt, src, span=span, paged=paged, config=config, impl=implementation,
+                 interpret=interpret)
+
+
+_MOVE = KernelOp("move_kv_cache", _move_impl, static=("span", "paged", "config"), donate=(0, 1),
+                 checks=_move_checks, unchanged=_unchanged)
+
+
+def _check_equal_rows(k_buffer, v_buffer, paged, impl):
+    if impl != "pallas":
+        return
     k3, v3 = _as_rows(k_buffer, paged), _as_rows(v_buffer, paged)
     if k3.shape[2] != v3.shape[2] or k3.dtype != v3.dtype:
         raise ValueError(
@@ -286,15 +336,8 @@ def _move(k_buffer, v_buffer, tgt, src, *, span, paged, config, impl, interpret)
             f"dtypes, got {k_buffer.shape=} {k_buffer.dtype} and {v_buffer.shape=} {v_buffer.dtype}; "
             f"use implementation='reference'"
         )
-    kk, vv = _move_pallas(k3, v3, tgt, src, span=span, config=config, interpret=interpret)
-    return KVBuffers(kk.reshape(k_buffer.shape), vv.reshape(v_buffer.shape))
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=("span", "paged", "config", "implementation", "interpret"),
-    donate_argnames=("k_buffer", "v_buffer"),
-)
 def move_kv_cache(
     k_buffer: Array,
     v_buffer: Array,
@@ -309,34 +352,27 @@ def move_kv_cache(
 ) -> KVBuffers:
     """Move KV rows of every layer: ``buf[:, tgt] = buf[:, src]`` for K and V, in place (buffers donated).
 
-    ``k_buffer``/``v_buffer``: ``(L, X, *features)`` or, with ``paged=True``, ``(L, P, G, *features)``;
+    ``k_buffer``/``v_buffer``: ``(L, X, *features)`` or, with ``paged=True``, ``(L, X/G, G, *features)``;
     locations are slot ids (``page * G + offset``). ``span``: pairs per independent program group (see the
     module docstring; ``None`` = one group, safe for any read-before-write-in-index-order pattern such as
-    SGLang's packed accept move). Checked mode: slots in range, and the hazard rule of
-    ``dynamic_validate_move`` (O(n^2), debug only).
+    SGLang's packed accept move). Pairs with a slot outside ``[0, X)`` are dropped. Checked mode: slots in
+    range, and the hazard rule of ``dynamic_validate_move`` (O(n^2), debug only), checked before the move.
     """
-    num_slots = _check_pool(k_buffer, v_buffer, paged)
-    tgt = _loc("tgt_loc", tgt_loc, (None,))
-    src = _loc("src_loc", src_loc, (tgt.shape[0],))
+    _check_pool(k_buffer, v_buffer, paged)
+    tgt = index_array("tgt_loc", tgt_loc, (None,))
+    src = index_array("src_loc", src_loc, (tgt.shape[0],))
     if span is not None:
         static_int("span", span, 1)
-    check(jnp.all((tgt >= 0) & (tgt < num_slots)), f"move_kv_cache: tgt_loc out of range [0, {num_slots})")
-    check(jnp.all((src >= 0) & (src < num_slots)), f"move_kv_cache: src_loc out of range [0, {num_slots})")
-    if tgt.shape[0]:
-        sp = tgt.shape[0] if span is None else span
-        check(~jnp.any(move_hazards(tgt, src, rows=config.rows, span=sp, xp=jnp)),
-              "move_kv_cache: overlapping src/tgt pairs (order-dependent move)")
-    impl = resolve_implementation(implementation, interpret)
-    return _move(k_buffer, v_buffer, tgt, src, span=span, paged=paged, config=config, impl=impl, interpret=interpret)
-
-
-move_kv_cache = _host_narrowed(move_kv_cache, (None, None, "tgt_loc", "src_loc"))
+    impl = _MOVE.resolve(implementation, interpret)
+    _check_equal_rows(k_buffer, v_buffer, paged, impl)
+    return _MOVE(k_buffer, v_buffer, tgt, src, span=span, paged=bool(paged), config=config, implementation=impl,
+                 interpret=interpret)
 
 
 def _aligned_accept_pairs(accept_index, accept_lens, out_cache_loc, width):
     """Request-aligned pairs ``(B, width)``: row b, entry k < accept_lens[b]: ``window[b, k] <- ocl[accept_index[b, k]]``;
     other entries ``0 <- 0`` (skipped). Same pool effect as 0.5.23's packed pairs when each row's valid
-    entries are its first ``accept_lens[b]`` (verify's output contract; checked mode asserts it)."""
+    entries are its first ``accept_lens[b]`` (``accepted_prefix`` makes them so)."""
     bs, a = accept_index.shape
     n = out_cache_loc.shape[0] // bs
     k = jnp.arange(width, dtype=jnp.int32)
@@ -348,11 +384,36 @@ def _aligned_accept_pairs(accept_index, accept_lens, out_cache_loc, width):
     return jnp.where(use, tgt, zero).reshape(-1), jnp.where(use, src, zero).reshape(-1)
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=("paged", "config", "implementation", "interpret"),
-    donate_argnames=("k_buffer", "v_buffer"),
-)
+def _accept_move_checks(k_buffer, v_buffer, ai, lens, ocl, *, paged, config):
+    bs, a = ai.shape
+    n = ocl.shape[0] // bs
+    kk = jnp.arange(a, dtype=jnp.int32)
+    num_slots = int(np.prod(k_buffer.shape[1:(3 if paged else 2)]))
+    return [
+        ((lens >= 0) & (lens <= min(a, n)), f"accept_lens: expected values in [0, min(A, N) = {min(a, n)}]"),
+        ((ai >= 0) == (kk[None, :] < lens[:, None]),
+         "accept_index: the valid (>= 0) entries of row b must be its first accept_lens[b] entries"),
+        ((ai >= -1) & (ai < ocl.shape[0]), f"accept_index: expected -1 or a node id in [0, {ocl.shape[0]})"),
+        ((ocl >= 0) & (ocl < num_slots), f"out_cache_loc: slot out of range [0, {num_slots})"),
+    ]
+
+
+def _accept_move_impl(k_buffer, v_buffer, ai, lens, ocl, *, paged, config, implementation, interpret):
+    if implementation == "reference":
+        return move_accept_tokens_to_target_kvcache_reference(k_buffer, v_buffer, ai, lens, ocl, paged=paged)
+    bs, a = ai.shape
+    ai, lens = accepted_prefix(ai, lens, ocl.shape[0] // bs)
+    width = next_pow2(a)
+    tgt, src = _aligned_accept_pairs(ai, lens, ocl, width)
+    span = max(width, config.rows)  # whole requests per span; requests never straddle spans
+    return _move(k_buffer, v_buffer, tgt, src, span=span, paged=paged, config=config, impl=implementation,
+                 interpret=interpret)
+
+
+_ACCEPT_MOVE = KernelOp("move_accept_tokens_to_target_kvcache", _accept_move_impl, static=("paged", "config"),
+                        donate=(0, 1), checks=_accept_move_checks, unchanged=_unchanged)
+
+
 def move_accept_tokens_to_target_kvcache(
     k_buffer: Array,
     v_buffer: Array,
@@ -370,52 +431,45 @@ def move_accept_tokens_to_target_kvcache(
     ``tgt = fill_front_out_cache_loc(accept_lens, out_cache_loc, width=A)`` (``accept_lens`` =
     ``num_correct_drafts + 1``), then ``move_kv_cache(tgt, src)``. Buffers donated; returns the new ones.
 
-    The Pallas path lays the same pairs out request-aligned (one 2^k-padded row of pairs per request) so
-    that programs are independent (every hazard lies inside one request and reads precede writes).
+    Out-of-range entries follow ``accepted_prefix`` (module docstring): never a write to another request's
+    slots. The Pallas path lays the same pairs out request-aligned (one 2^k-padded row of pairs per request)
+    so that programs are independent (every hazard lies inside one request and reads precede writes).
     """
     _check_pool(k_buffer, v_buffer, paged)
-    ai = _loc("accept_index", accept_index, (None, None))
+    ai = index_array("accept_index", accept_index, (None, None))
     bs, a = ai.shape
-    lens = _loc("accept_lens", accept_lens, (bs,))
-    ocl = _loc("out_cache_loc", out_cache_loc, (None,))
+    lens = index_array("accept_lens", accept_lens, (bs,))
+    ocl = index_array("out_cache_loc", out_cache_loc, (None,))
     if bs == 0 or a == 0:
         return KVBuffers(k_buffer, v_buffer)
     if ocl.shape[0] % bs:
         raise ValueError(f"out_cache_loc: expected B*N entries with B={bs}, got out_cache_loc.shape={ocl.shape}")
-    n = ocl.shape[0] // bs
-    kk = jnp.arange(a, dtype=jnp.int32)
-    check(jnp.all((lens >= 0) & (lens <= min(a, n))), f"accept_lens: expected values in [0, min(A, N) = {min(a, n)}]")
-    check(jnp.all((ai >= 0) == (kk[None, :] < lens[:, None])),
-          "accept_index: the valid (>= 0) entries of row b must be its first accept_lens[b] entries")
-    check(jnp.all((ai >= -1) & (ai < ocl.shape[0])), f"accept_index: expected -1 or a node id in [0, {ocl.shape[0]})")
-    impl = resolve_implementation(implementation, interpret)
-    if impl == "reference":
-        return move_accept_tokens_to_target_kvcache_reference(k_buffer, v_buffer, ai, lens, ocl, paged=paged)
-    width = 1 << max(a - 1, 0).bit_length()
-    tgt, src = _aligned_accept_pairs(ai, lens, ocl, width)
-    span = max(width, config.rows)  # whole requests per span; requests never straddle spans
-    return _move(k_buffer, v_buffer, tgt, src, span=span, paged=paged, config=config, impl=impl, interpret=interpret)
+    impl = _ACCEPT_MOVE.resolve(implementation, interpret)
+    _check_equal_rows(k_buffer, v_buffer, paged, impl)
+    return _ACCEPT_MOVE(k_buffer, v_buffer, ai, lens, ocl, paged=bool(paged), config=config, implementation=impl,
+                        interpret=interpret)
 
 
-move_accept_tokens_to_target_kvcache = _host_narrowed(move_accept_tokens_to_target_kvcache, (None, None, "accept_index", "accept_lens", "out_cache_loc"))
+def _compact_impl(x, ai, *, num_draft_tokens, implementation, interpret):
+    del implementation, interpret  # one XLA gather/scatter; no Pallas kernel
+    return compact_accept_to_front_reference(x, ai, num_draft_tokens=num_draft_tokens)
 
 
-@functools.partial(jax.jit, static_argnames=("num_draft_tokens",))
+_COMPACT = KernelOp("compact_accept_to_front", _compact_impl, static=("num_draft_tokens",), backends=())
+
+
 def compact_accept_to_front(x: Array, accept_index: Int32[Array, "B A"], *, num_draft_tokens: int) -> Array:
     """Rewrite node-indexed ``x`` (``predict`` ``(B*N,)``, hidden ``(B*N, H)``) so the accepted path sits at
     the front of each request's ``N``-block (0.5.23 ``_compact_accept_to_front``); ``-1`` clamps to global
     node 0. One fused XLA gather/scatter (no Pallas kernel: it is a few KB to a few MB of contiguous rows)."""
-    ai = _loc("accept_index", accept_index, (None, None))
+    ai = index_array("accept_index", accept_index, (None, None))
     n = static_int("num_draft_tokens", num_draft_tokens, 1)
     bs, a = ai.shape
     if x.shape[:1] != (bs * n,):
         raise ValueError(f"x: expected leading dim B*N = {bs * n}, got {x.shape=}")
     if a > n:
         raise ValueError(f"accept_index: expected A <= N = {n}, got {ai.shape=}")
-    return compact_accept_to_front_reference(x, ai, num_draft_tokens=n)
-
-
-compact_accept_to_front = _host_narrowed(compact_accept_to_front, (None, "accept_index"))
+    return _COMPACT(jnp.asarray(x), ai, num_draft_tokens=n, implementation="reference")
 
 
 __all__ = [

@@ -14,9 +14,12 @@ import jax.numpy as jnp
 from jax import lax
 from jaxtyping import Array, Int32, Shaped
 
+from jax.experimental import pallas as pl
+
 from jaxspec import _validate
-from jaxspec.kernels import _backend
-from jaxspec.kernels._backend import load, pl, store
+from jaxspec.kernels import _triton
+from jaxspec.kernels._dispatch import KernelOp, cdiv, next_pow2
+from jaxspec.kernels._triton import compiler_params, load, store
 
 # Token lanes per shift iteration. Upstream uses 4096 when select_index is given (decode draft-extend
 # windows are short: one iteration) and 8 otherwise; the result is a pure left shift for any block size, so
@@ -27,14 +30,6 @@ ROTATE_BLOCK = 128
 HIDDEN_BLOCK = 1024
 NUM_WARPS = 4
 HIDDEN_DTYPES = (jnp.bfloat16, jnp.float16, jnp.float32)
-
-
-def _next_pow2(n: int) -> int:
-    return 1 if n <= 1 else 1 << (int(n) - 1).bit_length()
-
-
-def _cdiv(a, b):
-    return (a + b - 1) // b
 
 
 _index = _validate.index_array  # tracer-safe, no host read for int32 arrays
@@ -48,8 +43,7 @@ def _barrier(interpret: bool):
     other warps store). Interpret mode runs each op whole, so it needs (and has) no barrier."""
     if interpret:
         return
-    barrier = _backend.debug_barrier
-    barrier()
+    _triton.debug_barrier()
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -87,11 +81,11 @@ def rotate_input_ids_reference(
 def assign_hidden_states_pool_reference(
     hidden_states: Shaped[Array, "T H"],
     req_pool_indices: Int32[Array, "B"],
-    req_to_hidden_states_pool: Shaped[Array, "R W H"],
+    req_to_hidden_states_pool: Shaped[Array, "R S1 H"],
     extend_seq_lens: Int32[Array, "B"],
     extend_start_loc: Int32[Array, "B"],
-) -> Shaped[Array, "R W H"]:
-    """``pool[req_pool_indices[b], i, :] = hidden_states[end_b - W + i, :]`` for ``i < W`` (``W = S - 1``,
+) -> Shaped[Array, "R S1 H"]:
+    """``pool[req_pool_indices[b], i, :] = hidden_states[end_b - S1 + i, :]`` for ``i < S1`` (``S1 = S - 1``,
     ``end_b = extend_start_loc[b] + extend_seq_lens[b]``). Source rows outside ``[0, T)`` read as zeros;
     out-of-range pool rows are not written."""
     n_rows, width, _ = req_to_hidden_states_pool.shape
@@ -145,7 +139,7 @@ def _rotate_input_ids_kernel(
         _barrier(interpret)
         return carry
 
-    lax.fori_loop(0, _cdiv(jnp.maximum(length - 1, 0), ROTATE_BLOCK), body, 0)
+    lax.fori_loop(0, cdiv(jnp.maximum(length - 1, 0), ROTATE_BLOCK), body, 0)
 
     pos = select_ref[b] if has_select else start + length - 1
 
@@ -159,8 +153,8 @@ def _assign_hidden_states_pool_kernel(
     len_ref,  # i32[B], GMEM
     start_ref,  # i32[B], GMEM
     hid_ref,  # [T, H] float, GMEM
-    pool_in_ref,  # [R, W, H] float, GMEM (aliased with pool_ref; unused)
-    pool_ref,  # [R, W, H] float, GMEM (output)
+    pool_in_ref,  # [R, S1, H] float, GMEM (aliased with pool_ref; unused)
+    pool_ref,  # [R, S1, H] float, GMEM (output)
     *,
     lanes: int,
 ):
@@ -184,18 +178,20 @@ def _assign_hidden_states_pool_kernel(
 # ----------------------------------------------------------------------------------------------------
 
 
-@functools.partial(jax.jit, static_argnames=("implementation", "interpret", "checks"),
-                   donate_argnames=("input_ids",))
-def _rotate_input_ids_jit(input_ids, starts, lens, topk, select, *, implementation, interpret, checks):
+def _rotate_checks(input_ids, starts, lens, topk, select):
+    n = input_ids.shape[0]
+    out = [
+        (lens >= 0, "extend_seq_lens: negative length"),
+        ((starts >= 0) & (starts + lens <= n), f"extend_start_loc/extend_seq_lens: segment outside input_ids[0:{n}]"),
+    ]
+    if select is not None:
+        out.append(((lens <= 0) | ((select >= 0) & (select < n)), f"select_index: out of range [0, {n})"))
+    return out
+
+
+def _rotate_impl(input_ids, starts, lens, topk, select, *, implementation, interpret):
     n, batch = input_ids.shape[0], starts.shape[0]
     tokens = topk.reshape(-1)[:batch]  # upstream reads topk_index.flat[b]
-    if checks:
-        _validate.check(jnp.all(lens >= 0), "extend_seq_lens: negative length")
-        _validate.check(jnp.all((starts >= 0) & (starts + lens <= n)),
-                        f"extend_start_loc/extend_seq_lens: segment outside input_ids[0:{n}]")
-        if select is not None:
-            _validate.check(jnp.all((lens <= 0) | ((select >= 0) & (select < n))),
-                            f"select_index: out of range [0, {n})")
     if implementation == "reference" or n == 0 or batch == 0:
         return rotate_input_ids_reference(input_ids, starts, lens, tokens, select)
     has_select = select is not None
@@ -205,10 +201,14 @@ def _rotate_input_ids_jit(input_ids, starts, lens, topk, select, *, implementati
         out_shape=jax.ShapeDtypeStruct(input_ids.shape, jnp.int32),
         grid=(batch,),
         input_output_aliases={len(args) - 1: 0},
-        compiler_params=_backend.compiler_params(num_warps=NUM_WARPS, num_stages=1),
+        compiler_params=compiler_params(num_warps=NUM_WARPS, num_stages=1),
         interpret=interpret,
         name=f"rotate_input_ids_{has_select=}",
     )(*args)
+
+
+_ROTATE = KernelOp("rotate_input_ids", _rotate_impl, donate=(0,), checks=_rotate_checks,
+                   unchanged=lambda ids, *_: ids)
 
 
 def rotate_input_ids(
@@ -243,36 +243,42 @@ def rotate_input_ids(
         raise ValueError(f"topk_index: expected shape (B,) or (B, K) with at least B={batch} elements "
                          f"(read as topk_index.flat[b]), got topk_index.shape={tuple(topk.shape)}")
     select = _index("select_index", select_index, (batch,), allow_none=True)
-    impl = _backend.resolve_implementation(implementation, interpret)
-    return _rotate_input_ids_jit(ids, starts, lens, topk, select, implementation=impl, interpret=interpret,
-                                 checks=_validate.checks_enabled())
+    return _ROTATE(ids, starts, lens, topk, select, implementation=implementation, interpret=interpret)
 
 
-@functools.partial(jax.jit, static_argnames=("implementation", "interpret", "checks"),
-                   donate_argnames=("pool",))
-def _assign_hidden_states_pool_jit(hidden, rpi, pool, lens, starts, *, implementation, interpret, checks):
+def _hidden_checks(hidden, rpi, pool, lens, starts):
+    n_rows, width, _ = pool.shape
+    n_tok = hidden.shape[0]
+    end = starts + lens
+    return [
+        ((rpi >= 0) & (rpi < n_rows), f"req_pool_indices: pool index out of range [0, {n_rows})"),
+        (lens >= 0, "extend_seq_lens: negative length"),
+        ((end - width >= 0) & (end <= n_tok),
+         f"assign_hidden_states_pool: source rows end-{width}..end-1 outside hidden_states[0:{n_tok}]"),
+    ]
+
+
+def _hidden_impl(hidden, rpi, pool, lens, starts, *, implementation, interpret):
     n_rows, width, hidden_dim = pool.shape
     n_tok, batch = hidden.shape[0], rpi.shape[0]
-    if checks:
-        _validate.check(jnp.all((rpi >= 0) & (rpi < n_rows)), f"req_pool_indices: pool index out of range [0, {n_rows})")
-        _validate.check(jnp.all(lens >= 0), "extend_seq_lens: negative length")
-        end = starts + lens
-        _validate.check(jnp.all((end - width >= 0) & (end <= n_tok)),
-                        f"assign_hidden_states_pool: source rows end-{width}..end-1 outside hidden_states[0:{n_tok}]")
     if width == 0 or batch == 0:
         return pool
     if implementation == "reference" or n_tok == 0 or hidden_dim == 0:
         return assign_hidden_states_pool_reference(hidden, rpi, pool, lens, starts)
-    lanes = min(HIDDEN_BLOCK, _next_pow2(hidden_dim))
+    lanes = min(HIDDEN_BLOCK, next_pow2(hidden_dim))
     return pl.pallas_call(
         functools.partial(_assign_hidden_states_pool_kernel, lanes=lanes),
         out_shape=jax.ShapeDtypeStruct(pool.shape, pool.dtype),
-        grid=(batch, width, _cdiv(hidden_dim, lanes)),
+        grid=(batch, width, cdiv(hidden_dim, lanes)),
         input_output_aliases={4: 0},
-        compiler_params=_backend.compiler_params(num_warps=NUM_WARPS, num_stages=1),
+        compiler_params=compiler_params(num_warps=NUM_WARPS, num_stages=1),
         interpret=interpret,
         name=f"assign_hidden_states_pool_{width=}",
     )(rpi, lens, starts, hidden, pool)
+
+
+_HIDDEN = KernelOp("assign_hidden_states_pool", _hidden_impl, donate=(2,), checks=_hidden_checks,
+                   unchanged=lambda hidden, rpi, pool, *_: pool)
 
 
 def assign_hidden_states_pool(
@@ -284,16 +290,16 @@ def assign_hidden_states_pool(
     *,
     implementation: str = "auto",
     interpret: bool = False,
-) -> Shaped[Array, "R W H"]:
+) -> Shaped[Array, "R S1 H"]:
     """Seed MTP hidden-state pool update (jitted; the pool is donated): returns the new pool.
 
-    ``pool[req_pool_indices[b], i, :] = hidden_states[end_b - W + i, :]`` for ``i < W``, where
-    ``W = S - 1 = pool.shape[1]`` (upstream's ``pool_size``; ``W == 0`` is a no-op) and
-    ``end_b = extend_start_loc[b] + extend_seq_lens[b]``: the last ``W`` hidden rows of each segment.
+    ``pool[req_pool_indices[b], i, :] = hidden_states[end_b - S1 + i, :]`` for ``i < S1``, where
+    ``S1 = S - 1 = pool.shape[1]`` (upstream's ``pool_size``; ``S1 == 0`` is a no-op) and
+    ``end_b = extend_start_loc[b] + extend_seq_lens[b]``: the last ``S1`` hidden rows of each segment.
 
-    Hazard kept from upstream: when ``extend_seq_lens[b] < W`` the rows before the segment (the previous
+    Hazard kept from upstream: when ``extend_seq_lens[b] < S1`` the rows before the segment (the previous
     request's tail) are copied. Rows before 0 or past ``T`` (undefined memory upstream) read as zeros here;
-    out-of-range pool rows are not written. ``hidden_states`` ``[T, H]`` and the pool ``[R, W, H]`` share a
+    out-of-range pool rows are not written. ``hidden_states`` ``[T, H]`` and the pool ``[R, S1, H]`` share a
     float dtype (bf16/f16/f32).
     """
     hidden = _float("hidden_states", hidden_states, (None, None), HIDDEN_DTYPES)
@@ -305,9 +311,7 @@ def assign_hidden_states_pool(
     batch = rpi.shape[0]
     lens = _index("extend_seq_lens", extend_seq_lens, (batch,))
     starts = _index("extend_start_loc", extend_start_loc, (batch,))
-    impl = _backend.resolve_implementation(implementation, interpret)
-    return _assign_hidden_states_pool_jit(hidden, rpi, pool, lens, starts, implementation=impl,
-                                          interpret=interpret, checks=_validate.checks_enabled())
+    return _HIDDEN(hidden, rpi, pool, lens, starts, implementation=implementation, interpret=interpret)
 
 
 __all__ = [

@@ -13,16 +13,21 @@ Differences from upstream, all on inputs upstream leaves undefined (the checked 
   * out-of-range ``req_pool_indices`` never touch memory: reads route to slot 0 (locations) / cache
     length 0, writes are dropped (upstream: unchecked out-of-bounds access);
   * negative lengths / page counts act as 0 (upstream: they shift the cumsum offsets of later requests);
-  * ``update_req_to_page`` drops writes past the row width or past the packed page buffer
-    (upstream: no bounds check, the caller clamps -- see ``update_block_table``);
+  * ``update_req_to_page`` drops writes past the row width or past the packed page buffer, and the whole
+    update of a request whose start column is negative (upstream: no bounds check, the caller clamps --
+    see ``kernels/block_table.py``);
+  * a negative position (``cache_start < 0``) or a negative page id in the table gives slot 0 (upstream:
+    a slot on another page or a negative location);
   * duplicate ``req_pool_indices`` with overlapping writes race upstream and are unspecified here too.
 Outputs are returned, never written into caller buffers; table updates donate the table so XLA updates it
 in place (``input_output_aliases`` on the ``pallas_call``).
+
+Length (over ~500 lines): four ops, each a reference, a kernel body, its checks and a public wrapper, all
+built on the one shared page math (``_page_locs``) that keeps reference and kernel bit-identical; the host
+block-table packer lives in ``block_table.py``.
 """
 
 import functools
-import warnings
-from collections.abc import Sequence
 from typing import NamedTuple
 
 import jax
@@ -31,9 +36,11 @@ import numpy as np
 from jax import lax
 from jaxtyping import Array, Int32
 
+from jax.experimental import pallas as pl
+
 from jaxspec import _validate
-from jaxspec.kernels import _backend
-from jaxspec.kernels._backend import load, pl, store
+from jaxspec.kernels._dispatch import KernelOp, cdiv, next_pow2
+from jaxspec.kernels._triton import compiler_params, load, store
 
 # TokenSpeed's BLOCK_SIZE: one program iteration handles a 128-lane vector (4 warps x 32 lanes), so a
 # decode step (a handful of tokens per request) is one iteration and a long prefill loops.
@@ -41,23 +48,9 @@ BLOCK = 128
 # Lanes used when summing the lengths of earlier requests inside a program (exclusive prefix).
 PREFIX_BLOCK = 128
 NUM_WARPS = 4
-# Smallest power-of-two buckets ``update_block_table`` pads the batch / packed page buffer to, so the
-# jitted update recompiles only when a bucket grows.
-MIN_BATCH_BUCKET = 8
-MIN_PAGES_BUCKET = 128
-
-
-def _next_pow2(n: int) -> int:
-    return 1 if n <= 1 else 1 << (int(n) - 1).bit_length()
-
-
 def _lanes(n: int, cap: int = BLOCK) -> int:
     """Power-of-two vector width for ``n`` items (Triton needs power-of-two shapes), at most ``cap``."""
-    return min(cap, _next_pow2(max(n, 1)))
-
-
-def _cdiv(a, b):
-    return (a + b - 1) // b
+    return min(cap, next_pow2(max(n, 1)))
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -66,11 +59,11 @@ def _cdiv(a, b):
 
 
 def _page_locs(gather, pool, pos, *, num_rows: int, max_pages: int, page_size: int):
-    """``loc = table[pool, pos // P] * P + pos % P``; overflow pages and invalid pools -> slot 0.
+    """``loc = table[pool, pos // G] * G + pos % G``; overflow pages, invalid pools, negative positions and
+    negative page ids -> slot 0 (checked mode flags the last three).
 
-    ``lax.div``/``lax.rem`` truncate like Triton's ``//``/``%`` on int32, so even a (checked-mode
-    flagged) negative position reproduces upstream's arithmetic. ``gather(pool_c, page_c)`` reads the table
-    at in-range indices.
+    ``lax.div``/``lax.rem`` truncate like Triton's ``//``/``%`` on int32. ``gather(pool_c, page_c)`` reads
+    the table at in-range indices.
     """
     p = jnp.int32(page_size)
     page = lax.div(pos, p)
@@ -80,7 +73,7 @@ def _page_locs(gather, pool, pos, *, num_rows: int, max_pages: int, page_size: i
     pool_ok = (pool >= 0) & (pool < num_rows)
     pool_c = jnp.clip(pool, 0, num_rows - 1)
     ids = gather(pool_c, page_c)
-    return jnp.where(overflow | ~pool_ok, 0, ids * p + off)
+    return jnp.where(overflow | ~pool_ok | (pos < 0) | (ids < 0), 0, ids * p + off)
 
 
 _index = _validate.index_array  # tracer-safe, no host read for int32 arrays
@@ -129,7 +122,8 @@ def update_req_to_page_reference(
     r_c = jnp.minimum(r, num.shape[0] - 1)
     col = pages_copy_starts[r_c] + (t - off[r_c])
     pool = req_pool_indices[r_c]
-    valid = valid & (col >= 0) & (col < max_pages) & (pool >= 0) & (pool < num_rows)
+    start_ok = pages_copy_starts[r_c] >= 0  # a negative start drops the request's whole update
+    valid = valid & start_ok & (col >= 0) & (col < max_pages) & (pool >= 0) & (pool < num_rows)
     rows = jnp.where(valid, pool, num_rows)  # parked out of range -> dropped
     return req_to_page.at[rows, jnp.where(valid, col, 0)].set(new_occupied_pages, mode="drop")
 
@@ -233,7 +227,7 @@ def _prefix_sum(len_ref, b, batch: int):
         v = load(len_ref.at[jnp.where(m, i, 0)], mask=m, other=0)
         return acc + jnp.sum(jnp.maximum(v, 0))
 
-    return lax.fori_loop(0, _cdiv(batch, lanes), body, jnp.int32(0))
+    return lax.fori_loop(0, cdiv(batch, lanes), body, jnp.int32(0))
 
 
 def _table_gather(table_ref, mask):
@@ -261,7 +255,7 @@ def _update_req_to_page_kernel(
     num = jnp.maximum(num_ref[b], 0)
     start = starts_ref[b]
     off = _prefix_sum(num_ref, b, batch)
-    pool_ok = (pool >= 0) & (pool < num_rows)
+    pool_ok = (pool >= 0) & (pool < num_rows) & (start >= 0)  # a negative start drops the whole request
     pool_c = jnp.clip(pool, 0, num_rows - 1)
     iota = jnp.arange(BLOCK, dtype=jnp.int32)
 
@@ -274,7 +268,7 @@ def _update_req_to_page_kernel(
         store(table_ref.at[pool_c, jnp.where(m, col, max_pages)], v, mask=m)
         return carry
 
-    lax.fori_loop(0, _cdiv(num, BLOCK), body, 0)
+    lax.fori_loop(0, cdiv(num, BLOCK), body, 0)
 
 
 def _compute_out_cache_loc_kernel(
@@ -312,7 +306,7 @@ def _compute_out_cache_loc_kernel(
             store(out_ref.at[jnp.where(m, t, out_size)], locs, mask=m)
             return carry
 
-        lax.fori_loop(0, _cdiv(length, BLOCK), body, 0)
+        lax.fori_loop(0, cdiv(length, BLOCK), body, 0)
 
     @pl.when(b == batch)
     def _tail():
@@ -324,7 +318,7 @@ def _compute_out_cache_loc_kernel(
             store(out_ref.at[jnp.where(m, t, out_size)], jnp.zeros((BLOCK,), jnp.int32), mask=m)
             return carry
 
-        lax.fori_loop(0, _cdiv(jnp.maximum(out_size - total, 0), BLOCK), body, 0)
+        lax.fori_loop(0, cdiv(jnp.maximum(out_size - total, 0), BLOCK), body, 0)
 
 
 def _uniform_kernel(
@@ -367,8 +361,8 @@ def _uniform_kernel(
 
 
 # ----------------------------------------------------------------------------------------------------
-# Public wrappers: host-side validation (int64 narrowed through index_array, never truncated), then one
-# jitted implementation keyed on the static config and on whether checked mode is on.
+# Public ops: validate (int64 narrowed through index_array, never truncated) -> resolve -> one jitted
+# ``KernelOp`` keyed on the static config, implementation, interpret and checked mode (kernels/_dispatch.py).
 # ----------------------------------------------------------------------------------------------------
 
 
@@ -382,24 +376,36 @@ def _table(name, x):
     return jnp.asarray(x)
 
 
-def _check_pools(pool, num_rows: int, what: str = "req_pool_indices"):
-    _validate.check(jnp.all((pool >= 0) & (pool < num_rows)), f"{what}: pool index out of range [0, {num_rows})")
+def _pools_in_range(pool, num_rows: int, what: str = "req_pool_indices"):
+    return (pool >= 0) & (pool < num_rows), f"{what}: pool index out of range [0, {num_rows})"
 
 
-@functools.partial(jax.jit, static_argnames=("implementation", "interpret", "checks"),
-                   donate_argnames=("req_to_page",))
-def _update_req_to_page_jit(req_to_page, rpi, pages, num, starts, *, implementation, interpret, checks):
+def _page_ids_valid(table, pool, pos, valid, *, page_size: int):
+    """Checked mode: the page ids behind in-table positions are not negative."""
+    num_rows, max_pages = table.shape
+    page = lax.div(pos, jnp.int32(page_size))
+    used = valid & (pos >= 0) & (page < max_pages) & (pool >= 0) & (pool < num_rows)
+    ids = table[jnp.clip(pool, 0, num_rows - 1), jnp.clip(page, 0, max_pages - 1)]
+    return ~used | (ids >= 0), "req_to_pages: negative page id in a row a request reads"
+
+
+def _update_checks(req_to_page, rpi, pages, num, starts):
     num_rows, max_pages = req_to_page.shape
+    total = pages.shape[0]
+    return [
+        _pools_in_range(rpi, num_rows),
+        (num >= 0, "new_occupied_pages_num: negative page count"),
+        (starts >= 0, "pages_copy_starts: negative start"),
+        (starts + num <= max_pages, f"update_req_to_page: pages past capacity (pages_copy_starts + "
+                                    f"new_occupied_pages_num > max_pages={max_pages})"),
+        (jnp.sum(jnp.maximum(num, 0)) <= total,
+         f"new_occupied_pages: sum(new_occupied_pages_num) exceeds the packed buffer ({total})"),
+        (pages >= 0, "new_occupied_pages: negative page id"),
+    ]
+
+
+def _update_impl(req_to_page, rpi, pages, num, starts, *, implementation, interpret):
     batch, total = rpi.shape[0], pages.shape[0]
-    if checks:
-        _check_pools(rpi, num_rows)
-        _validate.check(jnp.all(num >= 0), "new_occupied_pages_num: negative page count")
-        _validate.check(jnp.all(starts >= 0), "pages_copy_starts: negative start")
-        _validate.check(jnp.all(starts + num <= max_pages),
-                        f"update_req_to_page: pages past capacity (pages_copy_starts + new_occupied_pages_num "
-                        f"> max_pages={max_pages})")
-        _validate.check(jnp.sum(jnp.maximum(num, 0)) <= total,
-                        f"new_occupied_pages: sum(new_occupied_pages_num) exceeds the packed buffer ({total})")
     if batch == 0 or total == 0:
         return req_to_page
     if implementation == "reference":
@@ -409,10 +415,14 @@ def _update_req_to_page_jit(req_to_page, rpi, pages, num, starts, *, implementat
         out_shape=jax.ShapeDtypeStruct(req_to_page.shape, jnp.int32),
         grid=(batch,),
         input_output_aliases={4: 0},
-        compiler_params=_backend.compiler_params(num_warps=NUM_WARPS, num_stages=1),
+        compiler_params=compiler_params(num_warps=NUM_WARPS, num_stages=1),
         interpret=interpret,
         name=f"update_req_to_page_{batch=}",
     )(rpi, pages, num, starts, req_to_page)
+
+
+_UPDATE = KernelOp("update_req_to_page", _update_impl, donate=(0,), checks=_update_checks,
+                   unchanged=lambda table, *_: table)
 
 
 def update_req_to_page(
@@ -438,7 +448,8 @@ def update_req_to_page(
       pages_copy_starts: ``[B]`` first table column written for each request.
 
     ``req_to_page[pool_i, start_i + k] = pages[off_i + k]``. Writes past the row width, the packed buffer or
-    to an out-of-range pool are dropped (upstream has no bounds check); checked mode reports them.
+    to an out-of-range pool are dropped, and so is the whole update of a request with a negative start
+    (upstream has no bounds check); checked mode reports them before the table is written.
     """
     req_to_page = _table("req_to_page", req_to_page)
     rpi = _index("req_pool_indices", req_pool_indices, (None,))
@@ -446,21 +457,30 @@ def update_req_to_page(
     pages = _index("new_occupied_pages", new_occupied_pages, (None,))
     num = _index("new_occupied_pages_num", new_occupied_pages_num, (batch,))
     starts = _index("pages_copy_starts", pages_copy_starts, (batch,))
-    impl = _backend.resolve_implementation(implementation, interpret)
-    return _update_req_to_page_jit(req_to_page, rpi, pages, num, starts, implementation=impl,
-                                   interpret=interpret, checks=_validate.checks_enabled())
+    return _UPDATE(req_to_page, rpi, pages, num, starts, implementation=implementation, interpret=interpret)
 
 
-@functools.partial(jax.jit, static_argnames=("page_size", "out_size", "implementation", "interpret", "checks"))
-def _compute_out_cache_loc_jit(cache_start, lens, rpi, table, *, page_size, out_size, implementation, interpret,
-                               checks):
+def _ragged_checks(cache_start, lens, rpi, table, *, page_size, out_size):
     batch = rpi.shape[0]
-    if checks:
-        _check_pools(rpi, table.shape[0])
-        _validate.check(jnp.all(lens >= 0), "input_lengths: negative length")
-        _validate.check(jnp.all(cache_start >= 0), "cache_start: negative cache start")
-        _validate.check(jnp.sum(jnp.maximum(lens, 0)) <= out_size,
-                        f"input_lengths: sum(input_lengths) exceeds out_size={out_size}")
+    out = [
+        _pools_in_range(rpi, table.shape[0]),
+        (lens >= 0, "input_lengths: negative length"),
+        (cache_start >= 0, "cache_start: negative cache start"),
+        (jnp.sum(jnp.maximum(lens, 0)) <= out_size, f"input_lengths: sum(input_lengths) exceeds out_size={out_size}"),
+    ]
+    if batch and out_size:
+        ln = jnp.maximum(lens, 0)
+        ends = jnp.cumsum(ln)
+        t = jnp.arange(out_size, dtype=jnp.int32)
+        r = _segment_of(ends, out_size)
+        r_c = jnp.minimum(r, batch - 1)
+        pos = cache_start[r_c] + (t - (ends[r_c] - ln[r_c]))
+        out.append(_page_ids_valid(table, rpi[r_c], pos, r < batch, page_size=page_size))
+    return out
+
+
+def _ragged_impl(cache_start, lens, rpi, table, *, page_size, out_size, implementation, interpret):
+    batch = rpi.shape[0]
     if implementation == "reference" or batch == 0 or out_size == 0:
         return compute_out_cache_loc_reference(cache_start, lens, rpi, table, page_size=page_size,
                                                out_size=out_size)
@@ -468,10 +488,13 @@ def _compute_out_cache_loc_jit(cache_start, lens, rpi, table, *, page_size, out_
         functools.partial(_compute_out_cache_loc_kernel, batch=batch, page_size=page_size),
         out_shape=jax.ShapeDtypeStruct((out_size,), jnp.int32),
         grid=(batch + 1,),
-        compiler_params=_backend.compiler_params(num_warps=NUM_WARPS, num_stages=1),
+        compiler_params=compiler_params(num_warps=NUM_WARPS, num_stages=1),
         interpret=interpret,
         name=f"compute_out_cache_loc_{page_size=}",
     )(rpi, lens, cache_start, table)
+
+
+_RAGGED = KernelOp("compute_out_cache_loc", _ragged_impl, static=("page_size", "out_size"), checks=_ragged_checks)
 
 
 def compute_out_cache_loc(
@@ -489,9 +512,10 @@ def compute_out_cache_loc(
 
     Request ``r`` owns outputs ``[off_r, off_r + input_lengths[r])`` (``off`` = exclusive prefix sum);
     token ``k`` there is position ``cache_start[r] + k`` of pool row ``req_pool_indices[r]`` and lands at
-    ``req_to_pages[row, pos // P] * P + pos % P`` -- or slot 0 when ``pos // P >= M`` (seed semantics).
-    ``out_size`` is a static bucket ``>= sum(input_lengths)``; outputs past the sum are 0 (TokenSpeed
-    callers zero-initialise the buffer), tokens past ``out_size`` are dropped.
+    ``req_to_pages[row, pos // G] * G + pos % G`` (``G = page_size``) -- or slot 0 when ``pos // G >= M`` (seed semantics), when
+    ``pos < 0`` or when the page id is negative. ``out_size`` is a static bucket ``>= sum(input_lengths)``;
+    outputs past the sum are 0 (TokenSpeed callers zero-initialise the buffer), tokens past ``out_size`` are
+    dropped.
     """
     table = _table("req_to_pages", req_to_pages)
     rpi = _index("req_pool_indices", req_pool_indices, (None,))
@@ -500,9 +524,8 @@ def compute_out_cache_loc(
     lens = _index("input_lengths", input_lengths, (batch,))
     page_size = _validate.static_int("page_size", page_size, 1)
     out_size = _validate.static_int("out_size", out_size, 0)
-    impl = _backend.resolve_implementation(implementation, interpret)
-    return _compute_out_cache_loc_jit(cs, lens, rpi, table, page_size=page_size, out_size=out_size,
-                                      implementation=impl, interpret=interpret, checks=_validate.checks_enabled())
+    return _RAGGED(cs, lens, rpi, table, page_size=page_size, out_size=out_size, implementation=implementation,
+                   interpret=interpret)
 
 
 def _uniform_call(rpi, starts, table, *, page_size, uniform, interpret, fused):
@@ -516,26 +539,49 @@ def _uniform_call(rpi, starts, table, *, page_size, uniform, interpret, fused):
         functools.partial(_uniform_kernel, batch=batch, uniform=uniform, page_size=page_size, lanes=lanes,
                           fused=fused),
         out_shape=out_shape,
-        grid=(_cdiv(total, lanes),),
-        compiler_params=_backend.compiler_params(num_warps=NUM_WARPS, num_stages=1),
+        grid=(cdiv(total, lanes),),
+        compiler_params=compiler_params(num_warps=NUM_WARPS, num_stages=1),
         interpret=interpret,
         name=f"{'fused_decode_input_prep' if fused else 'compute_out_cache_loc_uniform'}_{uniform=}_{page_size=}",
     )(rpi, starts, table)
 
 
-@functools.partial(jax.jit, static_argnames=("page_size", "uniform_input_length", "implementation", "interpret",
-                                             "checks"))
-def _compute_out_cache_loc_uniform_jit(cache_start, rpi, table, *, page_size, uniform_input_length, implementation,
-                                       interpret, checks):
-    if checks:
-        _check_pools(rpi, table.shape[0])
-        _validate.check(jnp.all(cache_start >= 0), "cache_start: negative cache start")
+def _uniform_args(req_to_pages, req_pool_indices, page_size, uniform_input_length, min_uniform):
+    """Validated ``(table, req_pool_indices, page_size, U)`` of the uniform-length ops."""
+    return (_table("req_to_pages", req_to_pages), _index("req_pool_indices", req_pool_indices, (None,)),
+            _validate.static_int("page_size", page_size, 1),
+            _validate.static_int("uniform_input_length", uniform_input_length, min_uniform))
+
+
+def _uniform_positions(cache_start, u):
+    return cache_start[:, None] + jnp.arange(u, dtype=jnp.int32)[None, :]
+
+
+def _uniform_page_ids_valid(cache_start, rpi, table, *, page_size, uniform_input_length):
+    pos = _uniform_positions(cache_start, uniform_input_length)
+    pool = jnp.broadcast_to(rpi[:, None], pos.shape)
+    return _page_ids_valid(table, pool, pos, jnp.ones(pos.shape, bool), page_size=page_size)
+
+
+def _uniform_checks(cache_start, rpi, table, *, page_size, uniform_input_length):
+    return [
+        _pools_in_range(rpi, table.shape[0]),
+        (cache_start >= 0, "cache_start: negative cache start"),
+        _uniform_page_ids_valid(cache_start, rpi, table, page_size=page_size, uniform_input_length=uniform_input_length),
+    ]
+
+
+def _uniform_impl(cache_start, rpi, table, *, page_size, uniform_input_length, implementation, interpret):
     if implementation == "reference" or rpi.shape[0] * uniform_input_length == 0:
         return compute_out_cache_loc_uniform_reference(cache_start, rpi, table, page_size=page_size,
                                                        uniform_input_length=uniform_input_length)
     (locs,) = _uniform_call(rpi, cache_start, table, page_size=page_size, uniform=uniform_input_length,
                             interpret=interpret, fused=False)
     return locs
+
+
+_UNIFORM = KernelOp("compute_out_cache_loc_uniform", _uniform_impl, static=("page_size", "uniform_input_length"),
+                    checks=_uniform_checks)
 
 
 def compute_out_cache_loc_uniform(
@@ -550,31 +596,35 @@ def compute_out_cache_loc_uniform(
 ) -> Int32[Array, "T"]:
     """Uniform KV write locations (jitted): ``out[b*U + k]`` for position ``cache_start[b] + k``, ``k < U``
     (``U = uniform_input_length``, static; the multi-step drafter uses ``U = S - 1``). Same page math and
-    overflow-to-slot-0 rule as ``compute_out_cache_loc``. Returns ``i32[B * U]``."""
-    table = _table("req_to_pages", req_to_pages)
-    rpi = _index("req_pool_indices", req_pool_indices, (None,))
+    slot-0 rule as ``compute_out_cache_loc``. Returns ``i32[B * U]``."""
+    table, rpi, page_size, u = _uniform_args(req_to_pages, req_pool_indices, page_size, uniform_input_length, 0)
     cs = _index("cache_start", cache_start, (rpi.shape[0],))
-    page_size = _validate.static_int("page_size", page_size, 1)
-    u = _validate.static_int("uniform_input_length", uniform_input_length, 0)
-    impl = _backend.resolve_implementation(implementation, interpret)
-    return _compute_out_cache_loc_uniform_jit(cs, rpi, table, page_size=page_size, uniform_input_length=u,
-                                              implementation=impl, interpret=interpret,
-                                              checks=_validate.checks_enabled())
+    return _UNIFORM(cs, rpi, table, page_size=page_size, uniform_input_length=u, implementation=implementation,
+                    interpret=interpret)
 
 
-@functools.partial(jax.jit, static_argnames=("page_size", "uniform_input_length", "implementation", "interpret",
-                                             "checks"))
-def _fused_decode_input_prep_jit(vcl, rpi, table, *, page_size, uniform_input_length, implementation, interpret,
-                                 checks):
-    if checks:
-        _check_pools(rpi, min(table.shape[0], vcl.shape[0]))
-        _validate.check(jnp.all(vcl >= 0), "valid_cache_lengths: negative cache length")
+def _fused_checks(vcl, rpi, table, *, page_size, uniform_input_length):
+    n_state = vcl.shape[0]
+    ok = (rpi >= 0) & (rpi < n_state)
+    c = jnp.where(ok, vcl[jnp.clip(rpi, 0, n_state - 1)], 0)
+    return [
+        _pools_in_range(rpi, min(table.shape[0], n_state)),
+        (vcl >= 0, "valid_cache_lengths: negative cache length"),
+        _uniform_page_ids_valid(c, rpi, table, page_size=page_size, uniform_input_length=uniform_input_length),
+    ]
+
+
+def _fused_impl(vcl, rpi, table, *, page_size, uniform_input_length, implementation, interpret):
     if implementation == "reference" or rpi.shape[0] == 0:
         return fused_decode_input_prep_reference(vcl, rpi, table, page_size=page_size,
                                                  uniform_input_length=uniform_input_length)
     locs, pos, seq = _uniform_call(rpi, vcl, table, page_size=page_size, uniform=uniform_input_length,
                                    interpret=interpret, fused=True)
     return DecodeInputs(seq, pos, locs)
+
+
+_FUSED = KernelOp("fused_decode_input_prep", _fused_impl, static=("page_size", "uniform_input_length"),
+                  checks=_fused_checks)
 
 
 def fused_decode_input_prep(
@@ -591,134 +641,22 @@ def fused_decode_input_prep(
     ``seq_lens[b] = c + U``; ``positions[b*U + k] = c + k``; ``out_cache_loc`` as
     ``compute_out_cache_loc_uniform`` with ``cache_start = c`` (TokenSpeed seed; 0.1.1 dropped the
     locations). ``valid_cache_lengths`` is pool-indexed ``[R]``; ``U >= 1`` is static."""
-    table = _table("req_to_pages", req_to_pages)
+    table, rpi, page_size, u = _uniform_args(req_to_pages, req_pool_indices, page_size, uniform_input_length, 1)
     vcl = _index("valid_cache_lengths", valid_cache_lengths, (None,))
-    rpi = _index("req_pool_indices", req_pool_indices, (None,))
-    page_size = _validate.static_int("page_size", page_size, 1)
-    u = _validate.static_int("uniform_input_length", uniform_input_length, 1)
     if vcl.shape[0] < 1:
         raise ValueError(f"valid_cache_lengths: expected shape (R,) with R >= 1, got {vcl.shape}")
-    impl = _backend.resolve_implementation(implementation, interpret)
-    return _fused_decode_input_prep_jit(vcl, rpi, table, page_size=page_size, uniform_input_length=u,
-                                        implementation=impl, interpret=interpret, checks=_validate.checks_enabled())
-
-
-# ----------------------------------------------------------------------------------------------------
-# Host-side wrapper (NumPy in, like TokenSpeed's update_block_table fed by the C++ scheduler).
-# ----------------------------------------------------------------------------------------------------
-
-
-class PageCapacityWarning(UserWarning):
-    """A request's page refresh would run past ``req_to_page``'s width and was clamped."""
-
-
-class BlockTableUpdate(NamedTuple):
-    """The packed, bucket-padded arguments ``update_block_table`` hands to ``update_req_to_page``."""
-
-    req_pool_indices: np.ndarray  # i32[B'] (B' = batch bucket; padding rows have 0 pages)
-    new_occupied_pages: np.ndarray  # i32[T'] packed, padded with 0
-    new_occupied_pages_num: np.ndarray  # i32[B'] clamped sizes
-    pages_copy_starts: np.ndarray  # i32[B']
-    num_pages: int  # real packed entries (sum of clamped sizes)
-
-
-def pack_block_table_update(
-    max_pages: int,
-    *,
-    sizes: Sequence[int],
-    begins: Sequence[int],
-    new_occupied_pages: Sequence[Sequence[int]],
-    request_pool_indices: Sequence[int],
-    request_ids: Sequence[str] | None = None,
-    bucket: bool = True,
-) -> BlockTableUpdate | None:
-    """Clamp and pack a scheduler refresh (host, NumPy). ``None`` when every size is 0 (nothing to do).
-
-    A request with ``begin + size > max_pages`` gets ``size = max(0, max_pages - begin)`` and its page list
-    is truncated to that size (keeps the packed offsets of later requests aligned), with a
-    ``PageCapacityWarning``. With ``bucket=True`` the batch and packed buffer are padded to powers of two
-    (>= 8 / >= 128) so repeated updates reuse one compiled program.
-    """
-    sizes = [int(s) for s in sizes]
-    begins = [int(b) for b in begins]
-    pools = [int(p) for p in request_pool_indices]
-    if not (len(sizes) == len(begins) == len(new_occupied_pages) == len(pools)):
-        raise ValueError(
-            f"update_block_table: sizes, begins, new_occupied_pages and request_pool_indices must have one entry "
-            f"per request, got lengths {len(sizes)}, {len(begins)}, {len(new_occupied_pages)}, {len(pools)}"
-        )
-    if all(s == 0 for s in sizes):
-        return None
-    rows = [list(r) for r in new_occupied_pages]
-    for i, (begin, size) in enumerate(zip(begins, sizes)):
-        if begin + size > max_pages:
-            clamped = max(0, max_pages - begin)
-            rid = request_ids[i] if request_ids is not None and i < len(request_ids) else "?"
-            warnings.warn(
-                f"page copy would exceed req_to_page capacity for req {rid}: begin={begin} + size={size} = "
-                f"{begin + size} > req_to_page.shape[1]={max_pages}; clamping size to {clamped}. KV writes past "
-                f"this point are dropped (slot 0).",
-                PageCapacityWarning,
-                stacklevel=3,
-            )
-            sizes[i] = clamped
-            rows[i] = rows[i][:clamped]
-    flat = [int(p) for row in rows for p in row]
-    batch, total = len(sizes), len(flat)
-    nb = max(MIN_BATCH_BUCKET, _next_pow2(batch)) if bucket else batch
-    nt = max(MIN_PAGES_BUCKET, _next_pow2(total)) if bucket else max(total, 1)
-
-    def pad(vals, n):
-        out = np.zeros((n,), np.int32)
-        out[: len(vals)] = vals
-        return out
-
-    return BlockTableUpdate(pad(pools, nb), pad(flat, nt), pad(sizes, nb), pad(begins, nb), total)
-
-
-def update_block_table(
-    req_to_page,
-    *,
-    sizes: Sequence[int],
-    begins: Sequence[int],
-    new_occupied_pages: Sequence[Sequence[int]],
-    request_pool_indices: Sequence[int],
-    request_ids: Sequence[str] | None = None,
-    bucket: bool = True,
-    implementation: str = "auto",
-    interpret: bool = False,
-):
-    """TokenSpeed's ``update_block_table`` (host side): returns the new ``req_to_page``.
-
-    Returns ``req_to_page`` unchanged (no launch) when every size is 0; otherwise clamps overflowing
-    requests (``PageCapacityWarning``), packs with ``pack_block_table_update`` and calls
-    ``update_req_to_page`` (which donates ``req_to_page``).
-    """
-    max_pages = int(np.shape(req_to_page)[1])
-    packed = pack_block_table_update(
-        max_pages, sizes=sizes, begins=begins, new_occupied_pages=new_occupied_pages,
-        request_pool_indices=request_pool_indices, request_ids=request_ids, bucket=bucket,
-    )
-    if packed is None:
-        return req_to_page
-    return update_req_to_page(
-        req_to_page, packed.req_pool_indices, packed.new_occupied_pages, packed.new_occupied_pages_num,
-        packed.pages_copy_starts, implementation=implementation, interpret=interpret,
-    )
+    return _FUSED(vcl, rpi, table, page_size=page_size, uniform_input_length=u, implementation=implementation,
+                  interpret=interpret)
 
 
 __all__ = [
     "DecodeInputs",
-    "BlockTableUpdate",
-    "PageCapacityWarning",
     "compute_out_cache_loc",
     "compute_out_cache_loc_reference",
     "compute_out_cache_loc_uniform",
     "compute_out_cache_loc_uniform_reference",
     "fused_decode_input_prep",
     "fused_decode_input_prep_reference",
-    "pack_block_table_update",
-    "update_block_table",
     "update_req_to_page",
     "update_req_to_page_reference",
 ]

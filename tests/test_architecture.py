@@ -39,15 +39,22 @@ def test_layer_imports(layer):
     assert not bad, "\n".join(bad)
 
 
-def test_backend_imports_live_in_backend_module():
-    """Backend-specific Pallas imports (triton / mosaic_gpu lowering) only in kernels/_backend.py."""
+# backend module -> the one Pallas lowering it may import (kernels/_backend.py resolves among them)
+BACKEND_MODULES = {"_triton.py": "jax.experimental.pallas.triton", "_mosaic_gpu.py": "jax.experimental.pallas.mosaic_gpu"}
+
+
+def test_backend_imports_live_in_backend_modules():
+    """Each Pallas lowering (triton / mosaic_gpu) is imported by its own backend module only."""
+    lowerings = tuple(BACKEND_MODULES.values())
     bad = []
     for f in sorted((ROOT / "kernels").glob("*.py")):
-        if f.name == "_backend.py":
-            continue
+        text = f.read_text()
         for line, mod in _imports(f):
-            if mod.startswith(("jax.experimental.pallas.triton", "jax.experimental.pallas.mosaic_gpu", "jax._src")):
+            if mod.startswith("jax._src") or (mod.startswith(lowerings) and not mod.startswith(BACKEND_MODULES.get(f.name, "-"))):
                 bad.append(f"{f.name}:{line} imports {mod}")
+        for low in lowerings:  # importlib strings count too
+            if f'"{low}"' in text and BACKEND_MODULES.get(f.name) != low:
+                bad.append(f"{f.name} names {low}")
     assert not bad, "\n".join(bad)
 
 

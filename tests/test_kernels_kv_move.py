@@ -87,7 +87,7 @@ class _KVMoveCases:
 
     def test_paged_page16_f32(self):
         rng = np.random.default_rng([SEED, 16])
-        shape = (2, 6, 16, 3, 5)  # L, P, G=16, H, E (F=15, not a power of two)
+        shape = (2, 6, 16, 3, 5)  # L, X/G, G=16, Hkv, E (D=15, not a power of two)
         tgt, src = random_disjoint_move(rng, 6 * 16, 21)
         self.check_move(shape, jnp.float32, tgt, src, paged=True)
 

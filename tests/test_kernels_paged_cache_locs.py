@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from jax.experimental import checkify
 
+from jaxspec.kernels import block_table as bt
 from jaxspec.kernels import paged_cache_locs as pcl
 from jaxspec.testing import checked_call
 
@@ -219,8 +220,8 @@ class _PagedCacheLocsCases:
 
     def test_update_block_table_end_to_end(self):
         table = np.zeros((6, 10), np.int32)
-        with pytest.warns(pcl.PageCapacityWarning, match="req b"):
-            got = self.call(pcl.update_block_table, table.copy(), sizes=[2, 4, 1], begins=[0, 8, 3],
+        with pytest.warns(bt.PageCapacityWarning, match="req b"):
+            got = self.call(bt.update_block_table, table.copy(), sizes=[2, 4, 1], begins=[0, 8, 3],
                             new_occupied_pages=[[5, 6], [7, 8, 9, 10], [11]], request_pool_indices=[4, 1, 2],
                             request_ids=["a", "b", "c"])
         want = table.copy()
@@ -246,12 +247,12 @@ class TestPagedCacheLocsInterpret(_PagedCacheLocsCases):
 
 def _pack(begins, sizes, pages=None, **kw):
     pages = [list(range(s)) for s in sizes] if pages is None else pages
-    return pcl.pack_block_table_update(513, sizes=sizes, begins=begins, new_occupied_pages=pages,
+    return bt.pack_block_table_update(513, sizes=sizes, begins=begins, new_occupied_pages=pages,
                                        request_pool_indices=list(range(len(sizes))), **kw)
 
 
 def test_clamp_overflowing_request_keeps_others():
-    with pytest.warns(pcl.PageCapacityWarning, match="page copy would exceed req_to_page capacity"):
+    with pytest.warns(bt.PageCapacityWarning, match="page copy would exceed req_to_page capacity"):
         packed = _pack([400, 513, 100], [2, 1, 3], bucket=False)
     np.testing.assert_array_equal(packed.new_occupied_pages_num, [2, 0, 3])
     np.testing.assert_array_equal(packed.pages_copy_starts, [400, 513, 100])
@@ -268,21 +269,21 @@ def test_passthrough_when_no_overflow():
 
 
 def test_partial_overflow_clamps_to_remaining_capacity():
-    with pytest.warns(pcl.PageCapacityWarning, match="clamping size to 1"):
+    with pytest.warns(bt.PageCapacityWarning, match="clamping size to 1"):
         packed = _pack([512], [4], [[700, 701, 702, 703]], bucket=False)
     np.testing.assert_array_equal(packed.new_occupied_pages_num, [1])
     np.testing.assert_array_equal(packed.new_occupied_pages, [700])
 
 
 def test_warning_names_request():
-    with pytest.warns(pcl.PageCapacityWarning, match="my-bad-req"):
+    with pytest.warns(bt.PageCapacityWarning, match="my-bad-req"):
         _pack([513], [1], request_ids=["my-bad-req"])
 
 
 def test_zero_sizes_return_early():
     assert _pack([100, 200], [0, 0]) is None
     table = np.arange(6, dtype=np.int32).reshape(2, 3)
-    out = pcl.update_block_table(table, sizes=[0, 0], begins=[1, 2], new_occupied_pages=[[], []],
+    out = bt.update_block_table(table, sizes=[0, 0], begins=[1, 2], new_occupied_pages=[[], []],
                                  request_pool_indices=[0, 1], implementation="reference")
     assert out is table
 
@@ -296,7 +297,7 @@ def test_bucketing_pads_with_no_op_rows():
 
 def test_pack_rejects_ragged_arguments():
     with pytest.raises(ValueError, match="one entry per request"):
-        pcl.pack_block_table_update(8, sizes=[1], begins=[0, 1], new_occupied_pages=[[1]], request_pool_indices=[0])
+        bt.pack_block_table_update(8, sizes=[1], begins=[0, 1], new_occupied_pages=[[1]], request_pool_indices=[0])
 
 
 # ------------------------------------------------------------------------------------------------

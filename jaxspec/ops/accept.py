@@ -14,9 +14,11 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+from jax.experimental import checkify
 import numpy as np
 from jaxtyping import Array, Float, Int32
 
+from jaxspec import _validate
 from jaxspec._validate import check_shape
 from jaxspec.config import SpecConfig
 from jaxspec.ops import verify as _verify
@@ -66,19 +68,26 @@ def _greedy(logits, tree, *, num_steps, topk):
     return _to_output(_verify._verify_tree_greedy(tree, target_predict, num_steps=num_steps, topk=topk))
 
 
-@functools.partial(jax.jit, static_argnames=("num_steps", "topk", "threshold_single", "threshold_acc"))
+@functools.partial(jax.jit, static_argnames=("num_steps", "topk", "threshold_single", "threshold_acc", "checks"))
 def _sampling(
-    logits, tree, temperatures, top_ks, top_ps, coins, final, *, num_steps, topk, threshold_single, threshold_acc
+    logits, tree, temperatures, top_ks, top_ps, coins, final, *, num_steps, topk, threshold_single, threshold_acc,
+    checks,
 ):
     b, n = tree.candidates.shape
     v = logits.shape[-1]
+    if checks:
+        checkify.check(jnp.all(temperatures >= 0), "temperatures: expected values >= 0 (0 = greedy)")
     # softmax(logits / T) in float32, T repeated per node (upstream: repeat_interleave(temperatures, N)).
-    scaled = logits.astype(jnp.float32).reshape(b, n, v) / temperatures[:, None, None]
-    probs = jax.nn.softmax(scaled, axis=-1).reshape(b * n, v)
+    # A request with T <= 0 (or NaN) samples greedily: its rows are one-hot at the first argmax.
+    greedy = ~(temperatures > 0)
+    scaled = logits.astype(jnp.float32).reshape(b, n, v) / jnp.where(greedy, 1.0, temperatures)[:, None, None]
+    probs = jax.nn.softmax(scaled, axis=-1)
+    one_hot = jax.nn.one_hot(jnp.argmax(logits.reshape(b, n, v), axis=-1), v, dtype=jnp.float32)
+    probs = jnp.where(greedy[:, None, None], one_hot, probs).reshape(b * n, v)
     if top_ks is not None:
-        probs = _verify._top_k_renorm(probs, jnp.repeat(top_ks, n, total_repeat_length=b * n))
+        probs = _verify._top_k_renorm(probs, jnp.repeat(top_ks, n, total_repeat_length=b * n), checks=checks)
     if top_ps is not None:
-        probs = _verify._top_p_renorm(probs, jnp.repeat(top_ps, n, total_repeat_length=b * n))
+        probs = _verify._top_p_renorm(probs, jnp.repeat(top_ps, n, total_repeat_length=b * n), checks=checks)
     out = _verify._tree_speculative_sampling(
         tree,
         coins,
@@ -89,6 +98,7 @@ def _sampling(
         topk=topk,
         threshold_single=threshold_single,
         threshold_acc=threshold_acc,
+        checks=checks,
     )
     return _to_output(out)
 
@@ -116,7 +126,11 @@ def eagle_sample(
     max) and ``verify_tree_greedy``. ``greedy=False``: ``softmax(logits / T)`` with each request's
     temperature repeated over its ``N`` nodes, then ``top_k_renorm_prob`` if ``top_ks`` is given and
     ``top_p_renorm_prob`` if ``top_ps`` is given (upstream's ``need_top_k/p_sampling``), then
-    ``tree_speculative_sampling_target_only`` with zero draft probs and the given coins. The sibling scan
+    ``tree_speculative_sampling_target_only`` with zero draft probs and the given coins. A request with
+    temperature 0 (or, unchecked, a negative / NaN one) samples greedily: its probability rows are one-hot
+    at the first argmax, which accepts exactly what ``greedy=True`` accepts. Checked mode
+    (``jaxspec.checks()``) flags negative temperatures, ``top_ks < 1``, ``top_ps`` outside ``(0, 1]`` and
+    coins outside ``[0, 1)`` for traced values (host values raise ``ValueError``). The sibling scan
     is bounded by ``config.topk`` (every ``build_tree`` node has at most ``K`` children), which makes the
     walk loop-free.
 
@@ -125,7 +139,7 @@ def eagle_sample(
       draft_tokens: ``(B*N,)`` (as ``build_tree`` returns) or ``(B, N)`` int node tokens.
       retrieve_index, retrieve_next_token, retrieve_next_sibling: ``(B, N)`` int tree links.
       config: static ``SpecConfig`` (``N = config.num_draft_tokens``, ``S = config.num_steps``).
-      temperatures: ``(B,)`` (or ``(B, 1)``) float32, required when ``greedy=False``.
+      temperatures: ``(B,)`` (or ``(B, 1)``) float32, ``>= 0``, required when ``greedy=False``.
       top_ks: optional ``(B,)`` int, values ``>= 1``; top_ps: optional ``(B,)`` float32 in ``(0, 1]``.
       uniform_samples, uniform_samples_for_final_sampling: ``(B, N)`` / ``(B,)`` float32 coins in
         ``[0, 1)``, required when ``greedy=False`` (see ``make_coins``).
@@ -162,7 +176,10 @@ def eagle_sample(
         if np.ndim(temperatures) == 2:
             check_shape("temperatures", temperatures, (b, 1))
             temperatures = jnp.reshape(temperatures, (b,))
+        host_t = _verify._host_values(temperatures)
         temperatures = _verify._floats("temperatures", temperatures, (b,), (np.float32,))
+        if host_t is not None and host_t.size and not (host_t >= 0).all():
+            raise ValueError(f"temperatures: expected values >= 0 (0 = greedy), got min={host_t.min()}")
         if top_ks is not None:
             top_ks = _verify._top_k_arg("top_ks", top_ks, b)
         if top_ps is not None:
@@ -176,7 +193,8 @@ def eagle_sample(
         final = _verify._floats(
             "uniform_samples_for_final_sampling", uniform_samples_for_final_sampling, (b,), (np.float32,)
         )
-        out = _sampling(
+        out = _validate.call_checked(
+            _sampling,
             logits,
             tree,
             temperatures,

@@ -10,7 +10,8 @@ public functions validate shapes/dtypes at trace time and then call a ``jax.jit`
 themselves be called inside a caller's ``jit``.
 
 dtypes: SGLang carries token ids and flat candidate indices as int64; jaxspec returns the same
-values as int32 (int64 inputs are range-checked/narrowed by ``jaxspec._validate.index_array``).
+values as int32 (``jaxspec._validate.index_array``: concrete int64 inputs are range-checked before they
+are narrowed; traced int64 / uint32 inputs are refused, pass int32 inside ``jit``).
 Scores stay float32 (the score product is one IEEE fp32 multiply, bit-identical to torch).
 """
 
@@ -23,9 +24,8 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Float, Float32, Int32, Integer
 
-from jaxspec import _validate
-from jaxspec._validate import check_shape, static_int
-from jaxspec.config import SpecConfig
+from jaxspec._validate import check_shape, float_array, index_array, static_int
+from jaxspec.config import SpecConfig, check_config
 
 __all__ = [
     "TreeInfo",
@@ -69,29 +69,15 @@ class SelectTopKOutput(NamedTuple):
 class DraftResults(NamedTuple):
     """Result of :func:`organize_draft_results` (all int32).
 
-    parent_list: ``(B, Q)``, ``Q = K*(S-1)+1`` or 0 when ``S == 1``: flat candidate index of the
+    parent_list: ``(B, J)``, ``J = K*(S-1)+1`` or 0 when ``S == 1``: flat candidate index of the
       beam held in each parent-beam slot.
     top_scores_index: ``(B, N-1)`` flat indices of the N-1 best candidates, sorted ascending.
     draft_tokens: ``(B, N-1)`` tokens of those candidates.
     """
 
-    parent_list: Int32[Array, "B Q"]
+    parent_list: Int32[Array, "B J"]
     top_scores_index: Int32[Array, "B N1"]
     draft_tokens: Int32[Array, "B N1"]
-
-
-# --------------------------------------------------------------------------------------------
-# argument validation
-# --------------------------------------------------------------------------------------------
-# ``_validate.index_array`` / ``float_array`` evaluate ``np.asarray(x)`` eagerly (as the default of a
-# ``getattr``), which raises on tracers; these wrappers do the traced case themselves so the ops can
-# be called inside a caller's ``jit``, and delegate everything concrete to ``_validate``.
-
-
-index_array = _validate.index_array
-
-
-float_array = _validate.float_array
 
 
 # --------------------------------------------------------------------------------------------
@@ -270,12 +256,6 @@ def _chain_jit(draft_tokens, *, num_steps):
     return DraftResults(parent_list, score_index, draft_tokens)
 
 
-def _check_config(config) -> SpecConfig:
-    if not isinstance(config, SpecConfig):
-        raise ValueError(f"config: expected a jaxspec.config.SpecConfig, got {type(config).__name__}")
-    return config
-
-
 def chain_draft_results(draft_tokens: Integer[ArrayLike, "B S"], *, config: SpecConfig) -> DraftResults:
     """K == 1 shortcut of SGLang 0.5.23 (preallocated constants in ``base_spec_worker.py``).
 
@@ -283,7 +263,7 @@ def chain_draft_results(draft_tokens: Integer[ArrayLike, "B S"], *, config: Spec
     ``draft_tokens`` passed through (int32) — exactly what :func:`organize_draft_results` yields for
     a chain. Requires ``config.topk == 1`` (then ``N == S + 1``).
     """
-    cfg = _check_config(config)
+    cfg = check_config(config)
     if cfg.topk != 1:
         raise ValueError(f"config.topk: chain_draft_results needs topk == 1, got {cfg.topk}")
     s = cfg.num_steps
@@ -306,7 +286,7 @@ def organize_mtp_draft_results(
     ``S > 1`` with ``K > 1`` raises ``ValueError``: upstream's per-step slicing ``[:, :, i]``
     silently reads the wrong columns for K > 1, so there is no meaningful reference.
     """
-    cfg = _check_config(config)
+    cfg = check_config(config)
     s, k = cfg.num_steps, cfg.topk
     if k > 1 and s > 1:
         raise ValueError(

@@ -37,12 +37,13 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+from jax.experimental import checkify
 import numpy as np
 from jaxtyping import Array, ArrayLike, Bool, Int32, Integer, Shaped
 
-from jaxspec._validate import INT32_MAX, check, static_int
-from jaxspec.config import SpecConfig
-from jaxspec.ops.draft import index_array  # tracer-tolerant wrapper of _validate.index_array
+from jaxspec import _validate
+from jaxspec._validate import INT32_MAX, index_array, static_int
+from jaxspec.config import SpecConfig, check_config
 
 __all__ = ["TreeMaskMode", "TreeOutput", "build_tree", "build_chain_tree", "packed_mask_dtype"]
 
@@ -188,7 +189,6 @@ def _full_mask(visible, seq_lens, *, max_seq_lens_sum):
         + node[None, None, :]
     )  # (B, t, j): column seq_len + j of row t
     mask_len = jnp.sum(seq_lens) * n + jnp.int32(b * n * n)
-    check(jnp.sum(seq_lens) <= max_seq_lens_sum, "seq_lens: sum(seq_lens) exceeds max_seq_lens_sum")
     # prefix columns True (SGLang's fill_prefix_mask=True); tail past tree_mask_len FULL_MASK_PAD.
     mask = jnp.arange(size, dtype=jnp.int32) < mask_len
     idx = jnp.where((idx >= 0) & (idx < size), idx, size)  # out-of-buffer rows are dropped
@@ -208,13 +208,23 @@ def _packed_mask(visible):
 # --------------------------------------------------------------------------------------------
 
 
+def _check_seq_lens(seq_lens, max_seq_lens_sum):
+    """Checked mode: non-negative ``seq_lens`` whose sum fits the FULL_MASK buffer (``None``: QLEN layouts)."""
+    checkify.check(jnp.all(seq_lens >= 0), "seq_lens: expected non-negative values")
+    if max_seq_lens_sum is not None:
+        checkify.check(jnp.sum(seq_lens) <= max_seq_lens_sum,
+                       f"seq_lens: sum(seq_lens) exceeds max_seq_lens_sum={max_seq_lens_sum}")
+
+
 @functools.partial(
-    jax.jit, static_argnames=("topk", "num_steps", "num_draft_tokens", "mask_mode", "max_seq_lens_sum")
+    jax.jit, static_argnames=("topk", "num_steps", "num_draft_tokens", "mask_mode", "max_seq_lens_sum", "checks")
 )
 def _build_tree_jit(
     bonus_tokens, parent_list, sel, draft_tokens, seq_lens, *, topk, num_steps, num_draft_tokens, mask_mode,
-    max_seq_lens_sum,
+    max_seq_lens_sum, checks,
 ):
+    if checks:
+        _check_seq_lens(seq_lens, max_seq_lens_sum)
     b, n = seq_lens.shape[0], num_draft_tokens
     st = _structure(parent_list, sel, topk=topk, num_steps=num_steps, num_draft_tokens=n)
     next_token, next_sibling = _links(st.parent)
@@ -230,12 +240,6 @@ def _build_tree_jit(
     return TreeOutput(mask, positions, retrieve_index, next_token, next_sibling, tokens, mask_len)
 
 
-def _check_config(config) -> SpecConfig:
-    if not isinstance(config, SpecConfig):
-        raise ValueError(f"config: expected a jaxspec.config.SpecConfig, got {type(config).__name__}")
-    return config
-
-
 def _check_mask_mode(mask_mode) -> TreeMaskMode:
     try:
         return TreeMaskMode(mask_mode)
@@ -245,7 +249,7 @@ def _check_mask_mode(mask_mode) -> TreeMaskMode:
 
 def build_tree(
     bonus_tokens: Integer[ArrayLike, " B"],
-    parent_list: Integer[ArrayLike, "B Q"],
+    parent_list: Integer[ArrayLike, "B J"],
     top_scores_index: Integer[ArrayLike, "B N1"],
     draft_tokens: Integer[ArrayLike, "B N1"],
     seq_lens: Integer[ArrayLike, " B"],
@@ -256,19 +260,23 @@ def build_tree(
 ) -> TreeOutput:
     """Build the verify tree (SGLang ``build_tree_kernel_efficient``, ops-spec §3), jittable.
 
-    Args: ``bonus_tokens (B,)`` root token per request; ``parent_list (B, Q)`` with
-    ``Q = config.parent_list_width``; ``top_scores_index (B, N-1)`` sorted flat candidate
+    Args: ``bonus_tokens (B,)`` root token per request; ``parent_list (B, J)`` with
+    ``J = config.parent_list_width``; ``top_scores_index (B, N-1)`` sorted flat candidate
     indices; ``draft_tokens (B, N-1)``; ``seq_lens (B,)`` committed lengths (exclude the root).
     All integer arrays: int32, or int64 within int32 range. ``config`` (static) gives S, K, N.
     ``mask_mode`` (static) picks the mask layout (see :class:`TreeOutput`). ``max_seq_lens_sum``
-    (static, required for FULL_MASK) sizes the ragged FULL_MASK buffer; ``sum(seq_lens)`` must not
-    exceed it (checked on the host for NumPy ``seq_lens``, in-jit under ``JAXSPEC_CHECKS``;
-    otherwise rows past the buffer are dropped). FULL_MASK prefix columns are True (SGLang's
-    default ``fill_prefix_mask=True``); entries from ``tree_mask_len`` on are ``FULL_MASK_PAD``.
+    (static, required for FULL_MASK) sizes the ragged FULL_MASK buffer. ``seq_lens`` must be
+    non-negative with ``sum(seq_lens) <= max_seq_lens_sum``: checked on the host (``ValueError``) for
+    concrete ``seq_lens``, flagged in checked mode (``jaxspec.checks()``) for traced ones. Unchecked,
+    traced values that break it give a defined but meaningless result: rows past the buffer are
+    dropped while ``tree_mask_len`` still reports the full ragged length (it may exceed the buffer),
+    and a negative ``seq_lens[b]`` gives negative positions and shifts later requests' mask rows.
+    FULL_MASK prefix columns are True (SGLang's default ``fill_prefix_mask=True``); entries from
+    ``tree_mask_len`` on are ``FULL_MASK_PAD``.
 
     Malformed trees: see the module docstring (bounded walk of the Triton/CPU kernels).
     """
-    cfg = _check_config(config)
+    cfg = check_config(config)
     k, s, n = cfg.topk, cfg.num_steps, cfg.num_draft_tokens
     mode = _check_mask_mode(mask_mode)
     if mode == TreeMaskMode.QLEN_ONLY_BITPACKING and n > MAX_BITPACK_DRAFT_TOKENS:
@@ -292,15 +300,12 @@ def build_tree(
             raise ValueError(
                 f"max_seq_lens_sum: FULL_MASK buffer of {size} entries exceeds int32 indexing (N={n}, B={b})"
             )
-        if isinstance(seq_lens, np.ndarray) and int(np.sum(seq_lens, dtype=np.int64)) > max_seq_lens_sum:
-            raise ValueError(
-                f"seq_lens: sum(seq_lens)={int(np.sum(seq_lens, dtype=np.int64))} exceeds "
-                f"max_seq_lens_sum={max_seq_lens_sum}"
-            )
     else:
         max_seq_lens_sum = None  # not part of the compiled shape for the QLEN layouts
-    return _build_tree_jit(
-        bonus, plist, sel, dtok, seq, topk=k, num_steps=s, num_draft_tokens=n, mask_mode=mode,
+    if isinstance(seq_lens, (np.ndarray, list, tuple)):  # host values: no device sync
+        dynamic_validate_build_tree(np.asarray(seq_lens), max_seq_lens_sum=max_seq_lens_sum)
+    return _validate.call_checked(
+        _build_tree_jit, bonus, plist, sel, dtok, seq, topk=k, num_steps=s, num_draft_tokens=n, mask_mode=mode,
         max_seq_lens_sum=max_seq_lens_sum,
     )
 
@@ -310,8 +315,10 @@ def build_tree(
 # --------------------------------------------------------------------------------------------
 
 
-@functools.partial(jax.jit, static_argnames=("num_draft_tokens",))
-def _build_chain_tree_jit(bonus_tokens, draft_tokens, seq_lens, *, num_draft_tokens):
+@functools.partial(jax.jit, static_argnames=("num_draft_tokens", "checks"))
+def _build_chain_tree_jit(bonus_tokens, draft_tokens, seq_lens, *, num_draft_tokens, checks):
+    if checks:
+        _check_seq_lens(seq_lens, None)
     b, n = seq_lens.shape[0], num_draft_tokens
     col = jnp.arange(n, dtype=jnp.int32)
     mask = jnp.broadcast_to(col[None, None, :] <= col[None, :, None], (b, n, n)).reshape(b * n * n)
@@ -337,20 +344,22 @@ def build_chain_tree(
     ``next_sibling = -1``. The fused ``out_cache_loc`` / M-RoPE outputs of upstream are not part of
     this op. Requires ``config.topk == 1`` (so ``N == S + 1``).
     """
-    cfg = _check_config(config)
+    cfg = check_config(config)
     if cfg.topk != 1:
         raise ValueError(f"config.topk: build_chain_tree needs topk == 1, got {cfg.topk}")
     seq = index_array("seq_lens", seq_lens, (None,))
     b = seq.shape[0]
     bonus = index_array("bonus_tokens", bonus_tokens, (b,))
     dtok = index_array("draft_tokens", draft_tokens, (b, cfg.num_steps))
-    return _build_chain_tree_jit(bonus, dtok, seq, num_draft_tokens=cfg.num_draft_tokens)
+    if isinstance(seq_lens, (np.ndarray, list, tuple)):  # host values: no device sync
+        dynamic_validate_build_tree(np.asarray(seq_lens))
+    return _validate.call_checked(_build_chain_tree_jit, bonus, dtok, seq, num_draft_tokens=cfg.num_draft_tokens)
 
 
 def dynamic_validate_build_tree(seq_lens, *, max_seq_lens_sum: int | None = None) -> None:
     """Host-side (tier b) check on concrete values: non-negative ``seq_lens`` within the FULL_MASK bound."""
-    seq = np.asarray(seq_lens)
+    seq = np.asarray(seq_lens).astype(np.int64)
     if seq.size and seq.min() < 0:
         raise ValueError(f"seq_lens: expected non-negative values, got min {int(seq.min())}")
     if max_seq_lens_sum is not None and int(seq.sum(dtype=np.int64)) > max_seq_lens_sum:
-        raise ValueError(f"seq_lens: sum(seq_lens)={int(seq.sum(dtype=np.int64))} exceeds {max_seq_lens_sum}")
+        raise ValueError(f"seq_lens: sum(seq_lens)={int(seq.sum())} exceeds max_seq_lens_sum={max_seq_lens_sum}")

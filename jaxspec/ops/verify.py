@@ -12,9 +12,11 @@ Mirrors, as pure jittable JAX:
   ``top_p_renorm_probs`` as resolved by ``python/sglang/kernels/ops/sampling/renorm.py`` on CUDA.
 
 Upstream runs one CUDA thread (block) per request and walks the tree scalar by scalar. Here the same
-walk is vectorised over the batch: an outer ``lax.fori_loop`` over the ``S`` depth levels and, per
-level, an inner sibling ``lax.while_loop`` bounded by ``N`` iterations (it stops as soon as every
-request has accepted a child or run out of siblings). Shapes are static; nothing syncs to the host.
+walk is vectorised over the batch: an unrolled loop over the ``S`` depth levels and, per level, a
+sibling scan: ``topk`` unrolled steps when the caller gives the ``topk`` bound (``eagle_sample`` always
+does; straight-line code), else an early-exit ``lax.while_loop`` bounded by ``N`` iterations. Shapes
+are static; nothing syncs to the host. Checked mode (``jaxspec.checks()``) is a static argument of the
+jitted cores that carry value checks (sampling, renormalisation).
 
 Outputs are functional (upstream mutates ``predicts`` / ``accept_index`` / ``accept_token_num`` and
 ``draft_probs`` in place). All integer outputs are int32; SGLang carries the tree arrays as int64 --
@@ -30,9 +32,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from jax.experimental import checkify
 from jaxtyping import Array, Bool, Float, Int32
 
-from jaxspec._validate import INT32_MAX, INT32_MIN, check, check_shape, float_array, index_array, static_int
+from jaxspec import _validate
+from jaxspec._validate import check_shape, float_array, index_array, static_int
 
 THRESHOLD_ACC_MIN = 1e-9  # the 0.5.23 launcher clamps threshold_acc to >= 1e-9 (sampling.cuh host code)
 _FLOAT_DTYPES = (np.float32,)
@@ -281,7 +285,7 @@ def sample_residual(
     v = residual.shape[-1]
     total = jnp.sum(residual, axis=-1)
     u = coin * total
-    positive = residual > 0
+    positive = residual > 0  # NaN entries are not positive: a row without positive mass samples V - 1
     hit = positive & (jnp.cumsum(residual, axis=-1) > u[:, None])
     first_hit = jnp.argmax(hit, axis=-1).astype(jnp.int32)
     last_positive = (v - 1 - jnp.argmax(positive[:, ::-1], axis=-1)).astype(jnp.int32)
@@ -289,10 +293,25 @@ def sample_residual(
     return jnp.where(jnp.any(hit, axis=-1), first_hit, fallback)
 
 
-@functools.partial(jax.jit, static_argnames=("num_steps", "topk", "threshold_single", "threshold_acc"))
+def _check_probs(name, probs):
+    """Checked mode: finite, non-negative probabilities with positive mass in every row."""
+    checkify.check(jnp.all(jnp.isfinite(probs) & (probs >= 0)), f"{name}: expected finite, non-negative values")
+    checkify.check(jnp.all(jnp.sum(probs, axis=-1) > 0), f"{name}: a row has no probability mass")
+
+
+def _check_coins(name, coins):
+    checkify.check(jnp.all((coins >= 0) & (coins < 1)), f"{name}: expected coins in [0, 1)")
+
+
+@functools.partial(jax.jit, static_argnames=("num_steps", "topk", "threshold_single", "threshold_acc", "checks"))
 def _tree_speculative_sampling(
-    tree: _Tree, coins, final_coins, target_probs, draft_probs, *, num_steps, topk, threshold_single, threshold_acc
+    tree: _Tree, coins, final_coins, target_probs, draft_probs, *, num_steps, topk, threshold_single, threshold_acc,
+    checks=False,
 ) -> VerifyOutput:
+    if checks:
+        _check_probs("target_probs", target_probs)
+        _check_coins("uniform_samples", coins)
+        _check_coins("uniform_samples_for_final_sampling", final_coins)
     b, n, v = target_probs.shape
     rows = jnp.arange(b, dtype=jnp.int32) * n
     target2d = target_probs.reshape(b * n, v)
@@ -368,6 +387,11 @@ def tree_speculative_sampling_target_only(
     ``uniform_samples_for_final_sampling`` by inverse CDF (see ``sample_residual`` for the index rule
     and float-order caveat: exact for dyadic probabilities, else equal away from CDF boundaries).
 
+    Invalid values: a target row without positive finite mass (all zero, all NaN) accepts no child and
+    samples the sentinel token ``V - 1`` (FlashInfer's fallback index). Checked mode
+    (``jaxspec.checks()``) flags non-finite or negative probabilities, rows without mass and coins
+    outside ``[0, 1)``.
+
     Args:
       candidates, retrieve_index, retrieve_next_token, retrieve_next_sibling: ``(B, N)`` int tree.
       uniform_samples: ``(B, N)`` float32 coins in ``[0, 1)`` (one per node).
@@ -391,7 +415,8 @@ def tree_speculative_sampling_target_only(
         raise ValueError(f"target_probs: expected a vocab size >= 1, got {target_probs.shape=}")
     if draft_probs is not None:
         draft_probs = _floats("draft_probs", draft_probs, tuple(target_probs.shape), _FLOAT_DTYPES)
-    return _tree_speculative_sampling(
+    return _validate.call_checked(
+        _tree_speculative_sampling,
         tree,
         coins,
         final,
@@ -415,19 +440,32 @@ def _sorted_desc(probs):
 
 def _renorm_keep(probs, pivot):
     kept = jnp.where(probs >= pivot[:, None], probs, 0.0)
-    return kept / jnp.sum(kept, axis=-1, keepdims=True)
+    total = jnp.sum(kept, axis=-1, keepdims=True)
+    return jnp.where(total > 0, kept / total, kept)  # a row without mass stays all-zero (not 0/0 = NaN)
 
 
-@jax.jit
-def _top_k_renorm(probs, top_k):
+def _check_top_k(top_k):
+    checkify.check(jnp.all(top_k >= 1), "top_k: expected values >= 1")
+
+
+def _check_top_p(top_p):
+    checkify.check(jnp.all((top_p > 0) & (top_p <= 1)), "top_p: expected values in (0, 1]")
+
+
+@functools.partial(jax.jit, static_argnames=("checks",))
+def _top_k_renorm(probs, top_k, *, checks=False):
+    if checks:
+        _check_top_k(top_k)
     v = probs.shape[-1]
     k = jnp.clip(top_k, 1, v)
     pivot = _row_take(_sorted_desc(probs), k - 1)
     return _renorm_keep(probs, pivot)
 
 
-@jax.jit
-def _top_p_renorm(probs, top_p):
+@functools.partial(jax.jit, static_argnames=("checks",))
+def _top_p_renorm(probs, top_p, *, checks=False):
+    if checks:
+        _check_top_p(top_p)
     v = probs.shape[-1]
     desc = _sorted_desc(probs)
     reached = jnp.cumsum(desc, axis=-1) >= top_p[:, None]
@@ -466,9 +504,12 @@ def top_k_renorm_prob(probs: Float[Array, "R V"], top_k: Int32[Array, "R"]) -> F
     may exceed ``k``): FlashInfer's pivot search and SGLang's HIP fallback behave the same way.
     Renormalised float values may differ from FlashInfer's in the last ulp (different sum order and
     FlashInfer multiplies by an approximate reciprocal); the kept set is exact.
+
+    ``top_k`` values must be ``>= 1``: ``ValueError`` for host values, flagged in checked mode for traced
+    ones; unchecked, a traced ``top_k < 1`` acts as 1. A row without mass comes back all-zero.
     """
     probs = _floats("probs", probs, (None, None), _FLOAT_DTYPES)
-    return _top_k_renorm(probs, _top_k_arg("top_k", top_k, probs.shape[0]))
+    return _validate.call_checked(_top_k_renorm, probs, _top_k_arg("top_k", top_k, probs.shape[0]))
 
 
 def top_p_renorm_prob(probs: Float[Array, "R V"], top_p: Float[Array, "R"]) -> Float[Array, "R V"]:
@@ -480,6 +521,10 @@ def top_p_renorm_prob(probs: Float[Array, "R V"], top_p: Float[Array, "R"]) -> F
     invariant ``sum(probs > low) >= p``); SGLang's HIP Triton fallback keeps the set with mass ``> p``
     instead and differs when a prefix sum equals ``p`` exactly. Prefix sums use a plain cumsum, so a
     prefix within rounding distance of ``p`` may resolve differently from FlashInfer's block reduction.
+
+    ``top_p`` values must lie in ``(0, 1]``: ``ValueError`` for host values, flagged in checked mode for
+    traced ones; unchecked, a traced ``top_p <= 0`` keeps the top tie group and ``top_p > 1`` or NaN
+    keeps the whole row. A row without mass comes back all-zero.
     """
     probs = _floats("probs", probs, (None, None), _FLOAT_DTYPES)
-    return _top_p_renorm(probs, _top_p_arg("top_p", top_p, probs.shape[0]))
+    return _validate.call_checked(_top_p_renorm, probs, _top_p_arg("top_p", top_p, probs.shape[0]))
