@@ -6,7 +6,9 @@ resolve ``implementation`` (``_backend.py``) -> one jitted ``KernelOp`` keyed on
 the implementation, ``interpret`` and checked mode. ``"auto"`` is Pallas on a GPU (or with
 ``interpret=True``) when this jax has the kernel's Pallas backend, and the reference elsewhere (with
 one ``PallasBackendWarning`` when the backend is missing); an explicit ``"pallas"`` never falls back
-silently. Backend-specific imports live in one module per backend (``_triton.py``).
+silently. Backend-specific imports live in one module per backend (``_triton.py``, ``_mosaic_gpu.py``).
+``paged_attention`` (decode / extend / tree verify over the paged pool) has two Pallas kernels, Mosaic GPU
+(Hopper) and Triton, and resolves ``implementation`` itself (``"mosaic" | "triton"`` besides the three above).
 
 Out-of-range slots, pages, rows, accept indices and lengths have one defined behaviour, the same in the
 reference and the kernel (a dropped write or a slot-0 read; see each module); checked mode
@@ -32,3 +34,6 @@ from jaxspec.kernels.paged_cache_locs import compute_out_cache_loc_uniform as co
 from jaxspec.kernels.paged_cache_locs import fused_decode_input_prep as fused_decode_input_prep
 from jaxspec.kernels.block_table import update_block_table as update_block_table
 from jaxspec.kernels.paged_cache_locs import update_req_to_page as update_req_to_page
+from jaxspec.kernels.paged_attention import paged_attention as paged_attention
+from jaxspec.kernels.paged_attention import paged_attention_reference as paged_attention_reference
+from jaxspec.kernels.paged_attention import qmask_from_bits as qmask_from_bits

@@ -1,7 +1,7 @@
 """The one module holding jaxspec's Mosaic GPU (``plgpu``) Pallas imports.
 
-Mosaic GPU is the supported Pallas lowering on NVIDIA GPUs (the Triton lowering, behind
-``kernels/_backend.py``, is deprecated since jax 0.11). Kernels written against it use:
+Mosaic GPU is the supported Pallas lowering on NVIDIA GPUs (the Triton lowering, in ``kernels/_triton.py``,
+is deprecated since jax 0.11). ``kernels/_backend.py`` registers this module as backend ``"mosaic_gpu"``. Kernels written against it use:
 
 * ``pl`` (``jax.experimental.pallas``): ``ds``, ``when``, ``run_scoped``, ``run_state``, ``cdiv``;
 * ``plgpu`` (``jax.experimental.pallas.mosaic_gpu``): ``kernel``, ``SMEM``, ``Barrier``, ``wgmma``,
@@ -17,11 +17,19 @@ import jax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-BACKEND_NAME = "pallas-mosaic-gpu"
+
+
+def lowering():
+    """The ``jax.experimental.pallas.mosaic_gpu`` module (``kernels._backend``'s registry asks each backend)."""
+    return plgpu
 
 
 def interpret_params():
-    """``InterpretGPUParams()`` for ``plgpu.kernel(interpret=...)`` (CPU), or ``None`` if unavailable."""
+    """``InterpretGPUParams()`` for ``plgpu.kernel(interpret=...)`` (CPU), or ``None`` if unavailable.
+
+    The only ``jax._src`` import in jaxspec's kernels: jax 0.10 / 0.11 export no public name for the Mosaic GPU
+    interpreter's parameters (tests/test_architecture.py allows exactly this one). Without it the Mosaic kernel's
+    CPU tests skip; the GPU path does not need it."""
     try:
         from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams
     except ImportError:  # pragma: no cover - older jax
@@ -40,4 +48,4 @@ def hopper_available() -> bool:
         return False
 
 
-__all__ = ["pl", "plgpu", "BACKEND_NAME", "interpret_params", "hopper_available"]
+__all__ = ["pl", "plgpu", "hopper_available", "interpret_params", "lowering"]

@@ -219,11 +219,9 @@ def _mosaic_supported(q, page_size) -> str | None:
 
 
 def _triton_lowering_available() -> bool:
-    try:
-        from jaxspec.kernels import _backend  # noqa: F401
-    except ImportError:  # the Triton lowering was removed from jax
-        return False
-    return True
+    from jaxspec.kernels._backend import backend_available
+
+    return backend_available("triton")
 
 
 def resolve_attention_implementation(implementation, q, page_size, interpret) -> str:

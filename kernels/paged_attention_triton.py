@@ -12,7 +12,9 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from jaxspec.kernels._backend import compiler_params, load, pl, store
+from jax.experimental import pallas as pl
+
+from jaxspec.kernels._triton import compiler_params, load, store
 from jaxspec.kernels.paged_attention import LOG2E, default_num_splits, query_rows
 
 BLOCK = 32  # prefix tokens per loop step

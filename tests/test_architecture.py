@@ -41,6 +41,9 @@ def test_layer_imports(layer):
 
 # backend module -> the one Pallas lowering it may import (kernels/_backend.py resolves among them)
 BACKEND_MODULES = {"_triton.py": "jax.experimental.pallas.triton", "_mosaic_gpu.py": "jax.experimental.pallas.mosaic_gpu"}
+# The one private import allowed in kernels/: the Mosaic GPU interpreter's parameters have no public export in
+# jax 0.10 / 0.11 (jax.experimental.pallas.tpu re-exports the TPU twin only). Guarded there by ImportError.
+PRIVATE_ALLOWED = {("_mosaic_gpu.py", "jax._src.pallas.mosaic_gpu.interpret.params")}
 
 
 def test_backend_imports_live_in_backend_modules():
@@ -50,7 +53,7 @@ def test_backend_imports_live_in_backend_modules():
     for f in sorted((ROOT / "kernels").glob("*.py")):
         text = f.read_text()
         for line, mod in _imports(f):
-            if mod.startswith("jax._src") or (mod.startswith(lowerings) and not mod.startswith(BACKEND_MODULES.get(f.name, "-"))):
+            if (mod.startswith("jax._src") and (f.name, mod) not in PRIVATE_ALLOWED) or (mod.startswith(lowerings) and not mod.startswith(BACKEND_MODULES.get(f.name, "-"))):
                 bad.append(f"{f.name}:{line} imports {mod}")
         for low in lowerings:  # importlib strings count too
             if f'"{low}"' in text and BACKEND_MODULES.get(f.name) != low:
@@ -63,7 +66,7 @@ def test_no_private_jax_in_library():
     for folder in ("jaxspec", "kernels", "interop"):
         for f in sorted((ROOT / folder).rglob("*.py")):
             for line, mod in _imports(f):
-                if mod.startswith("jax._src"):
+                if mod.startswith("jax._src") and (f.name, mod) not in PRIVATE_ALLOWED:
                     bad.append(f"{f.relative_to(ROOT)}:{line} imports {mod}")
     assert not bad, "\n".join(bad)
 
