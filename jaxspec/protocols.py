@@ -76,7 +76,7 @@ class AttentionMetadata:
         """``i32[B, width]``: the slot of each logical position ``< width`` (for gather-based attention)."""
         pos = jnp.arange(width, dtype=jnp.int32)
         g = self.page_size
-        return self.page_table[:, pos // g] * g + pos % g
+        return self.page_table[:, pos // g] * g + (pos % g)[None, :]
 
 
 def page_table_from_req_to_token(req_to_token: jax.Array, page_size: int) -> jax.Array:
