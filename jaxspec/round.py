@@ -26,7 +26,6 @@ Also here: the metadata of the other forwards a decode loop runs (``prefill_meta
 import dataclasses
 from typing import NamedTuple
 
-import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int32
 

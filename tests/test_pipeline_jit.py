@@ -7,7 +7,6 @@ to the window front (every other slot untouched).
 """
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 

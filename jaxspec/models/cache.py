@@ -6,7 +6,6 @@ a host-side shuffled permutation so a request's pages are not contiguous); page 
 reserved dummy page, so slot 0 is never a real token and zero-padded location buffers write harmlessly there.
 """
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
