@@ -52,7 +52,7 @@ def main(argv=None) -> int:
     from jaxspec.config import SpecConfig
     from jaxspec.corpus import make_prompts
     from jaxspec.engine import Engine
-    from jaxspec.models import DEFAULT_WEIGHTS, MockVocab, load_pair
+    from jaxspec.models import DEFAULT_WEIGHTS, MockVocab, MTPDrafter, load_pair
 
     specs = {"plain": None, "chain": SpecConfig(3, 1, 4), "tree": SpecConfig(3, 2, 6)}
     names = args.configs.split(",")
@@ -81,8 +81,9 @@ def main(argv=None) -> int:
         prompts = [vocab.encode(t) for t in make_prompts(b)]
         spec = specs[name]
         width = max(len(p) for p in prompts) + args.max_new + (1 if spec is None else spec.num_draft_tokens)
-        eng = Engine(model, spec=spec, max_context=-(-width // args.page_size) * args.page_size,
-                     page_size=args.page_size, implementation=args.implementation)
+        drafter = None if spec is None else MTPDrafter(model, implementation=args.implementation)
+        eng = Engine(model, drafter, spec=spec, max_context=-(-width // args.page_size) * args.page_size,
+                     page_size=args.page_size, max_batch=b, implementation=args.implementation)
         t0 = time.perf_counter()
         _, res = run_once(eng, prompts, mode)  # compile + warm-up
         compile_s = time.perf_counter() - t0

@@ -36,7 +36,7 @@ def main(argv=None) -> int:
     from jaxspec.config import SpecConfig
     from jaxspec.corpus import make_prompts
     from jaxspec.engine import Engine
-    from jaxspec.models import DEFAULT_WEIGHTS, MockVocab, load_pair
+    from jaxspec.models import DEFAULT_WEIGHTS, MockVocab, MTPDrafter, load_pair
 
     model = load_pair(args.weights or DEFAULT_WEIGHTS)
     vocab = MockVocab(vocab_size=model.cfg.vocab_size)
@@ -49,9 +49,10 @@ def main(argv=None) -> int:
     print(f"device: {jax.devices()[0]}  batch {args.batch}  prompt lengths {[len(p) for p in prompts]}  "
           f"max_new {args.max_new}  page size {args.page_size}")
 
-    engines = {"plain": Engine(model, spec=None, max_context=max_context, page_size=args.page_size)}
+    kw = dict(max_context=max_context, page_size=args.page_size, max_batch=args.batch)
+    engines = {"plain": Engine(model, None, spec=None, **kw)}
     for n in names:
-        engines[n] = Engine(model, spec=configs[n], max_context=max_context, page_size=args.page_size)
+        engines[n] = Engine(model, MTPDrafter(model), spec=configs[n], **kw)
     results, timing = {}, {}
     with tqdm(total=2 * len(engines), desc="demo", unit="stage") as bar:
         for name, eng in engines.items():

@@ -8,13 +8,19 @@ Letters: ``B`` batch rows, ``Q`` fresh tokens per row in one forward, ``L`` laye
 ``Hkv`` KV heads, ``E`` head dim, ``R`` request rows of the table, ``W`` max tokens per request,
 ``P`` pages per request row, ``G`` page size, ``V`` vocabulary, ``F`` width of the feature a target
 hands to its drafter.
+
+A model meets a protocol structurally (no base class to inherit); ``missing_members`` names what an object
+lacks, and ``jaxspec.engine.Engine`` calls it at construction.
 """
 
 import dataclasses
+import inspect
+import math
 from typing import Any, Protocol, runtime_checkable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 
 @jax.tree_util.register_dataclass
@@ -70,7 +76,7 @@ class AttentionMetadata:
         """``i32[B, width]``: the slot of each logical position ``< width`` (for gather-based attention)."""
         pos = jnp.arange(width, dtype=jnp.int32)
         g = self.page_size
-        return self.page_table[:, pos // g] * g + pos % g
+        return self.page_table[:, pos // g] * g + (pos % g)[None, :]
 
 
 def page_table_from_req_to_token(req_to_token: jax.Array, page_size: int) -> jax.Array:
@@ -79,12 +85,46 @@ def page_table_from_req_to_token(req_to_token: jax.Array, page_size: int) -> jax
     return req_to_token[:, ::page_size] // page_size
 
 
+def num_pages_needed(num_reqs: int, max_tokens_per_req: int, page_size: int) -> int:
+    """Pages a fully reserved batch needs, including the dummy page 0."""
+    return num_reqs * math.ceil(max_tokens_per_req / page_size) + 1
+
+
+def make_req_to_token(
+    num_reqs: int, max_tokens_per_req: int, page_size: int, *, num_pages: int | None = None, seed: int = 0
+) -> np.ndarray:
+    """Host-side allocator: reserve ``ceil(W / G)`` shuffled pages per request row; ``int32[R, W]``.
+
+    Raises ``ValueError`` when the pool (``num_pages`` including the dummy page) cannot hold every row's
+    reservation -- page exhaustion is reported at the host boundary, never clamped silently.
+    """
+    if page_size < 1:
+        raise ValueError(f"page_size must be >= 1, got {page_size}")
+    if num_reqs < 1 or max_tokens_per_req < 1:
+        raise ValueError(f"num_reqs and max_tokens_per_req must be >= 1, got {num_reqs}, {max_tokens_per_req}")
+    pages_per_req = math.ceil(max_tokens_per_req / page_size)
+    need = num_pages_needed(num_reqs, max_tokens_per_req, page_size)
+    if num_pages is None:
+        num_pages = need
+    if num_pages < need:
+        raise ValueError(
+            f"KV page pool exhausted: {num_reqs} requests x {pages_per_req} pages of {page_size} tokens "
+            f"(+1 dummy page) = {need} pages needed, pool has num_pages={num_pages}"
+        )
+    rng = np.random.default_rng(seed)
+    pages = rng.permutation(np.arange(1, num_pages, dtype=np.int64))[: num_reqs * pages_per_req]
+    pages = pages.reshape(num_reqs, pages_per_req)
+    pos = np.arange(max_tokens_per_req, dtype=np.int64)
+    table = pages[:, pos // page_size] * page_size + pos[None, :] % page_size
+    return table.astype(np.int32)
+
+
 @runtime_checkable
 class TargetModel(Protocol):
     """The model being accelerated: a forward over a ragged batch of fresh tokens and a paged cache.
 
-    A target is a pytree (``jax.tree_util`` node or a Flax NNX module): the engine splits it once into
-    static structure and weights and closes over the structure in its jitted loop.
+    A target is a pytree of arrays (a registered dataclass, say) or a Flax NNX module: the engine splits it
+    once into static structure and weights and closes over the structure in its jitted loop.
     """
 
     vocab_size: int  # V
@@ -110,39 +150,110 @@ class TargetModel(Protocol):
 
 
 @runtime_checkable
+class MTPHead(Protocol):
+    """Multi-token-prediction layers (DeepSeek-V3 MTP / seed ``mtp_worker_v2.py``), driven by
+    ``jaxspec.models.mtp_drafter.MTPDrafter``. Layer ``s`` consumes the hidden state of the previous
+    position (the target's ``hidden`` for ``s == 0``, MTP layer ``s - 1``'s after) and the *next* token.
+    """
+
+    num_mtp_layers: int  # S_max: the drafter can run ``spec.num_steps <= num_mtp_layers`` steps
+
+    def make_draft_cache(self, req_to_token: Any, num_slots: int) -> PagedKVCache:
+        """A zeroed pool of the MTP layers (layer ``s`` of the pool is MTP layer ``s``); slot ids are the
+        target's (one ``req_to_token``)."""
+        ...
+
+    def mtp_forward(
+        self, step: int, h_prev: jax.Array, tokens: jax.Array, meta: AttentionMetadata, cache: PagedKVCache
+    ) -> tuple[jax.Array, jax.Array, PagedKVCache]:
+        """MTP layer ``step`` (static). ``h_prev [B, Q, F]``, ``tokens i32[B, Q]`` (the next tokens) ->
+        ``(logits f32[B, Q, V], hidden [B, Q, F], cache)``; K/V to layer ``step`` at ``meta.write_locs``."""
+        ...
+
+
+@runtime_checkable
 class Drafter(Protocol):
     """Proposes draft tokens each round (the roles of the seed ``mtp_worker_v2.py``).
 
     The drafter owns its state (its KV cache, the pending proposal): a pytree the engine carries in
-    ``DecodeState.draft`` and passes back; plain decoding has no drafter and no draft state. All three
-    methods are pure and jittable; ``spec`` (a ``SpecConfig``) is static.
+    ``DecodeState.draft`` and passes back; plain decoding has no drafter and no draft state. The drafter
+    itself is a pytree of arrays or an NNX module (split once, like the target). Every method but
+    ``init_state`` / ``kv_bytes_per_slot`` is pure and jittable; ``spec`` (a ``SpecConfig``) is static.
+    Batch row ``b`` of every argument is request row ``b`` of ``req_to_token``.
     """
 
+    def kv_bytes_per_slot(self, spec: Any) -> int:
+        """Bytes the drafter's state takes per KV pool slot (for the up-front memory estimate). Called at
+        ``Engine`` construction: raise ``ValueError`` there when the drafter cannot serve ``spec``."""
+        ...
+
     def init_state(self, spec: Any, req_to_token: Any, num_slots: int) -> Any:
-        """The drafter's initial state for a batch whose rows use ``req_to_token (B, W)``."""
+        """The drafter's initial state for a batch whose rows use ``req_to_token (B, W)`` (host side)."""
         ...
 
     def extend_after_prefill(
         self, spec: Any, state: Any, tokens: jax.Array, hidden: jax.Array, meta: AttentionMetadata,
-        first_tokens: jax.Array,
+        prompt_lens: jax.Array, first_tokens: jax.Array,
     ) -> Any:
-        """Draft-extend over the prompts ``tokens i32[B, P]`` (target features ``hidden [B, P, F]``),
-        given the target's first generated token ``first_tokens i32[B]``; returns the new state holding
-        the proposal for round 1."""
+        """Draft-extend over the right-padded prompts ``tokens i32[B, P]`` (``prompt_lens i32[B]`` real;
+        target features ``hidden [B, P, F]``; ``meta`` is the target prefill's), given the target's first
+        generated token ``first_tokens i32[B]``; returns the new state holding the proposal for round 1."""
         ...
 
-    def propose(self, spec: Any, state: Any, bonus: jax.Array, seq_lens: jax.Array, meta: AttentionMetadata) -> Any:
-        """The round's draft: an ``ops.draft.DraftResults`` (tree, ``spec.topk > 1``) or the chain tokens
-        ``i32[B, S]`` (``spec.topk == 1``), the input of ``build_tree`` / ``build_chain_tree``."""
+    def propose(self, spec: Any, state: Any, bonus: jax.Array, meta: AttentionMetadata) -> tuple[Any, Any]:
+        """The round's draft and the new state. ``bonus i32[B]`` is the root of the round's tree; ``meta``
+        locates it: ``positions (B, 1)`` = ``prefix_lens`` = the committed length, ``page_table``.
+
+        Returns ``(draft, state)``: ``draft`` is an ``ops.draft.DraftResults`` (``spec.topk > 1``, the
+        input of ``build_tree``) or the chain tokens ``i32[B, S]`` (``spec.topk == 1``)."""
         ...
 
     def extend_after_verify(
         self, spec: Any, state: Any, tokens: jax.Array, hidden: jax.Array, meta: AttentionMetadata,
         accept_lens: jax.Array,
     ) -> Any:
-        """Draft-extend over the verified window ``tokens i32[B, N]`` (accepted path compacted to the
-        front, ``hidden [B, N, F]``), ``accept_lens i32[B]`` of them real; returns the new state."""
+        """Draft-extend over the verified window (``round.commit``'s ``window_tokens i32[B, N]``: the token
+        that follows each window row, accepted path compacted to the front; ``window_hidden [B, N, F]``;
+        ``meta`` = ``draft_meta``), ``accept_lens i32[B]`` rows real; returns the new state."""
         ...
 
 
-__all__ = ["AttentionMetadata", "Drafter", "PagedKVCache", "TargetModel", "page_table_from_req_to_token"]
+def _protocol_members(protocol: type) -> list[str]:
+    names = list(getattr(protocol, "__annotations__", {}))
+    names += [n for n, v in vars(protocol).items() if not n.startswith("_") and inspect.isfunction(v)]
+    return names
+
+
+def missing_members(obj: Any, protocol: type) -> list[str]:
+    """Names of ``protocol``'s attributes and methods that ``obj`` lacks (methods must be callable)."""
+    missing = []
+    for name in _protocol_members(protocol):
+        if not hasattr(obj, name):
+            missing.append(name)
+        elif inspect.isfunction(vars(protocol).get(name)) and not callable(getattr(obj, name)):
+            missing.append(name)
+    return missing
+
+
+def check_implements(obj: Any, protocol: type, what: str) -> None:
+    """``ValueError`` naming every member of ``protocol`` that ``obj`` (the argument ``what``) lacks."""
+    missing = missing_members(obj, protocol)
+    if missing:
+        raise ValueError(
+            f"{what}: {type(obj).__name__} does not implement jaxspec.protocols.{protocol.__name__}: "
+            f"missing {', '.join(missing)}"
+        )
+
+
+__all__ = [
+    "AttentionMetadata",
+    "Drafter",
+    "MTPHead",
+    "PagedKVCache",
+    "TargetModel",
+    "check_implements",
+    "make_req_to_token",
+    "missing_members",
+    "num_pages_needed",
+    "page_table_from_req_to_token",
+]

@@ -129,4 +129,22 @@ def test_interop_imports_are_at_the_top_and_public():
                                                                                "pins", "fetch", "ops_spec",
                                                                                "ops_kernels", "dlpack"}):
                 bad.append(f"{f.name}:{node.lineno} uses private {node.value.id}.{node.attr}")
+def test_engine_and_round_import_no_concrete_model():
+    """The engine and the speculative round know the protocols, never a concrete model (architecture.md):
+    no import of ``jaxspec.models`` from ``jaxspec/engine`` or ``jaxspec/round.py``."""
+    files = sorted((ROOT / "jaxspec/engine").glob("*.py")) + [ROOT / "jaxspec/round.py"]
+    bad = [
+        f"{f.relative_to(ROOT)}:{line} imports {mod}"
+        for f in files
+        for line, mod in _imports(f)
+        if mod == "jaxspec.models" or mod.startswith("jaxspec.models.")
+    ]
+    assert not bad, "\n".join(bad)
+
+
+def test_protocols_sit_below_models_and_engine():
+    """``jaxspec.protocols`` imports neither models, engine, round nor ops (both sides import it)."""
+    banned = ("jaxspec.models", "jaxspec.engine", "jaxspec.round", "jaxspec.ops", "jaxspec.interop", "torch", "triton")
+    bad = [f"protocols.py:{line} imports {mod}" for line, mod in _imports(ROOT / "jaxspec/protocols.py")
+           if any(mod == p or mod.startswith(p + ".") for p in banned)]
     assert not bad, "\n".join(bad)

@@ -3,7 +3,7 @@
 Losslessness: greedy speculative output == greedy plain output token for token (trained and random
 weights, chain S3/K1/N4 and tree S3/K2/N6, page sizes 1 and 16, 4 prompts of different lengths).
 Compiles are shared through module-level jits: every engine below has the same shapes (B=4, P=16,
-T=24, W=64, equal pool sizes), so each (spec config, entry point) compiles once.
+T=32, W=64, equal pool sizes), so each (spec config, page size, entry point) compiles once.
 """
 
 import jax
@@ -15,7 +15,7 @@ from flax import nnx
 from jaxspec.config import SpecConfig
 from jaxspec.corpus import make_prompts
 from jaxspec.engine import Engine
-from jaxspec.models import DEFAULT_WEIGHTS, MockVocab, ModelConfig, TinyPair, load_pair, num_pages_needed
+from jaxspec.models import DEFAULT_WEIGHTS, MockVocab, ModelConfig, MTPDrafter, TinyPair, load_pair, num_pages_needed
 
 W = 64
 MAX_NEW = 24
@@ -42,8 +42,13 @@ def prompts():
     return out
 
 
+def _drafter(model, spec, **kw):
+    return None if spec is None else MTPDrafter(model, **kw)
+
+
 def _engine(model, spec, page_size=1, **kw):
-    return Engine(model, spec=spec, max_context=W, page_size=page_size, num_pages=NUM_PAGES[page_size], **kw)
+    drafter = _drafter(model, spec, **{k: v for k, v in kw.items() if k in ("implementation", "interpret")})
+    return Engine(model, drafter, spec=spec, max_context=W, page_size=page_size, num_pages=NUM_PAGES[page_size], **kw)
 
 
 @pytest.fixture(scope="module")
@@ -115,9 +120,10 @@ def test_errors(models, prompts):
     with pytest.raises(ValueError, match="max_new_tokens"):
         eng.prepare(prompts, 0)
     with pytest.raises(ValueError, match="page pool exhausted"):
-        Engine(models["random"], spec=CHAIN, max_context=W, page_size=16, num_pages=4).prepare(prompts, 4)
+        Engine(models["random"], _drafter(models["random"], CHAIN), spec=CHAIN, max_context=W, page_size=16,
+               num_pages=4).prepare(prompts, 4)
     with pytest.raises(ValueError, match="MTP layers"):
-        Engine(models["random"], spec=SpecConfig(5, 1, 6), max_context=W)
+        Engine(models["random"], _drafter(models["random"], CHAIN), spec=SpecConfig(5, 1, 6), max_context=W)
     # exactly at the limit is fine
     eng.prepare([np.arange(2, 38)], W - 36 - CHAIN.num_draft_tokens)
 

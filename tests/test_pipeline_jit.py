@@ -1,20 +1,19 @@
-"""organize -> build_tree -> verify_tree_greedy -> fill_bonus_tokens as ONE jitted program, no host sync.
+"""The public round (``jaxspec.round``: organize -> plan_verify -> commit) as ONE jitted program, no host sync.
 
-Random draft lists come from select_top_k_tokens over random softmax scores (as the EAGLE draft loop
-produces them); the result is compared with the NumPy oracle of Appendix A (tests/np_oracle_tree.py
-and np_oracle_verify.py).
+Random draft lists come from ``jaxspec.testing.draft_lists`` over random softmax scores (as the EAGLE draft
+loop produces them); the tree, verify and bonus results are compared with the NumPy oracle of Appendix A
+(tests/np_oracle_tree.py and np_oracle_verify.py), and the committed KV pool with the accepted rows moved
+to the window front (every other slot untouched).
 """
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from jaxspec.config import SpecConfig
-from jaxspec.ops.accept import fill_bonus_tokens
 from jaxspec.ops.draft import organize_draft_results
-from jaxspec.ops.tree import TreeMaskMode, build_tree
-from jaxspec.ops.verify import verify_tree_greedy
+from jaxspec.protocols import PagedKVCache, make_req_to_token
+from jaxspec.round import commit, plan_verify
 from jaxspec.testing import draft_lists
 
 VOCAB = 50
@@ -44,17 +43,15 @@ def test_pipeline_one_jit_no_transfer(cfg):
     bonus = rng.integers(0, VOCAB, bs).astype(np.int32)
     seq_lens = rng.integers(1, 40, bs).astype(np.int32)
     n = cfg.num_draft_tokens
+    r2t = make_req_to_token(bs, 64, 1, seed=2)
+    slots = int(r2t.max()) + 1
+    pool = np.arange(slots, dtype=np.float32).reshape(1, slots, 1, 1) + 0.5  # slot x holds x + 0.5
 
     @jax.jit
-    def step(score_list, token_list, parents_list, bonus, seq_lens, target_predict):
+    def step(score_list, token_list, parents_list, bonus, seq_lens, target_predict, cache):
         d = organize_draft_results(score_list, token_list, parents_list, num_draft_tokens=n)
-        t = build_tree(bonus, d.parent_list, d.top_scores_index, d.draft_tokens, seq_lens,
-                       config=cfg, mask_mode=TreeMaskMode.QLEN_ONLY)
-        v = verify_tree_greedy(t.draft_tokens.reshape(bs, n), t.retrieve_index, t.retrieve_next_token,
-                               t.retrieve_next_sibling, target_predict, num_steps=cfg.num_steps)
-        accept_lens = v.num_correct_drafts + 1
-        bonus_next = fill_bonus_tokens(v.predict, v.accept_index, accept_lens)
-        return t, v, bonus_next, seq_lens + accept_lens
+        plan = plan_verify(cfg, bonus, d, seq_lens, cache.req_to_token, page_size=1)
+        return plan, commit(cfg, plan, cache, target_predict=target_predict)
 
     # target_predict that follows a random tree path for a random number of levels.
     pl, sel, dt = np_organize(score_list, token_list, parents_list, n)
@@ -73,21 +70,33 @@ def test_pipeline_one_jit_no_transfer(cfg):
             cur = child
     tp = tp.astype(np.int32)
 
-    args = jax.device_put((score_list, token_list, parents_list, bonus, seq_lens, tp))
+    cache = PagedKVCache(k=pool, v=-pool, req_to_token=r2t)
+    args = jax.device_put((score_list, token_list, parents_list, bonus, seq_lens, tp, cache))
     step.lower(*args).compile()
     with jax.transfer_guard("disallow"):
-        t, v, bonus_next, new_seq = step(*args)
-        jax.block_until_ready((t, v, bonus_next, new_seq))
+        plan, out = jax.block_until_ready(step(*args))
+    t = plan.tree
 
     pred, acc, num = np_verify(cand, ri, nt, ns, tp, cfg.num_steps + 1)
+    lens = num + 1
     np.testing.assert_array_equal(np.asarray(t.positions), pos)
+    np.testing.assert_array_equal(np.asarray(plan.meta.positions), pos.reshape(bs, n))
     np.testing.assert_array_equal(np.asarray(t.retrieve_next_token), nt)
     np.testing.assert_array_equal(np.asarray(t.retrieve_next_sibling), ns)
-    np.testing.assert_array_equal(np.asarray(v.accept_index), acc)
-    np.testing.assert_array_equal(np.asarray(v.num_correct_drafts), num)
-    np.testing.assert_array_equal(np.asarray(v.predict), pred)
-    np.testing.assert_array_equal(np.asarray(bonus_next), pred[acc[np.arange(bs), num]])
-    np.testing.assert_array_equal(np.asarray(new_seq), seq_lens + num + 1)
+    window = r2t[np.arange(bs)[:, None], seq_lens[:, None] + np.arange(n)[None, :]]
+    np.testing.assert_array_equal(np.asarray(plan.cache_locs), window)
+    np.testing.assert_array_equal(np.asarray(out.accept_index), acc)
+    np.testing.assert_array_equal(np.asarray(out.accept_lens), lens)
+    np.testing.assert_array_equal(np.asarray(out.bonus), pred[acc[np.arange(bs), num]])
+    np.testing.assert_array_equal(np.asarray(out.seq_lens), seq_lens + lens)
+    want_k = pool.copy()
+    for b in range(bs):
+        valid = acc[b, : lens[b]]
+        np.testing.assert_array_equal(np.asarray(out.accepted)[b, : lens[b]], pred[valid])
+        np.testing.assert_array_equal(np.asarray(out.window_tokens)[b, : lens[b]], pred[valid])
+        want_k[0, window[b, : lens[b]]] = pool[0, window[b, valid - b * n]]  # accepted rows -> window front
+    np.testing.assert_array_equal(np.asarray(out.cache.k), want_k)
+    np.testing.assert_array_equal(np.asarray(out.cache.v), -want_k)
 
 
 def _is_child(nt, ns, b, parent, j):

@@ -1,28 +1,42 @@
-"""Host boundary of the decode loops: validation, cache allocation, and the compiled entry points.
+"""Host boundary of the decode loops: protocol checks, memory estimate, validation, allocation, and the
+compiled entry points.
 
 ``Engine.generate`` runs prefill and the whole decode loop in ONE jitted call (``lax.while_loop`` over
 ``spec_step`` / ``plain_step`` with per-request stopping; no host sync until the result is read).
 ``Engine.generate_host_driven`` runs one jitted call per round and polls ``done`` on the host (for the
 benchmark). All checks that could otherwise corrupt the cache (context overflow, page exhaustion, empty
-or out-of-vocabulary prompts) raise ``ValueError`` here, before anything is traced.
+or out-of-vocabulary prompts) raise ``ValueError`` here, before anything is traced; the KV pools are
+sized at construction and refused up front when they would not fit in memory.
+
+Compile-cache buckets: the batch is padded to the next power of two (padding rows are done from the
+start and use the dummy page), the output buffer to the next power of two of the largest
+``max_new_tokens`` (the per-request limit is an array), prompts to a multiple of ``PROMPT_BUCKET``; the
+pool size is fixed per engine. So one executable serves every batch size and limit within a bucket.
 """
 
-import dataclasses
 import functools
+import os
 from typing import NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax.experimental import checkify
 
+from jaxspec._validate import checks_enabled
 from jaxspec.config import SpecConfig
-from jaxspec.engine.state import DecodeState, EngineOptions
+from jaxspec.engine.state import DecodeState, EngineOptions, SamplingParams
 from jaxspec.engine.step import plain_step, prefill, spec_step
-from jaxspec.models.cache import init_cache, make_req_to_token
-from jaxspec.models.llama import TinyPair
+from jaxspec.protocols import Drafter, TargetModel, check_implements, make_req_to_token, num_pages_needed
 
 PROMPT_BUCKET = 8  # prompts are right-padded to a multiple of this (fewer recompiles across batches)
+MIN_OUTPUT_BUCKET = 8  # smallest output-buffer width T
+MEMORY_FRACTION = 0.7  # default share of free memory the KV pools may take (the rest: weights, activations)
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(int(n) - 1, 0).bit_length()
 
 
 class GenerateResult(NamedTuple):
@@ -44,89 +58,167 @@ class _Compiled(NamedTuple):
     generate: object
 
 
+def _checked(fn, checks: bool):
+    """With checks on, functionalise the ``checkify.check``s traced into the kernels (``JAXSPEC_CHECKS``):
+    the jitted function then returns ``(error, out)`` and the caller raises before reading ``out``."""
+    return checkify.checkify(fn, errors=checkify.user_checks) if checks else fn
+
+
 @functools.lru_cache(maxsize=64)
-def _compiled(graphdef, treedef, opts: EngineOptions) -> _Compiled:
-    """Jitted entry points for one (model structure, options) pair, shared by every Engine with equal keys
-    (trained and random weights, page sizes 1 and 16, any EOS share one executable per input shape).
+def _compiled(graphdef, treedef, opts: EngineOptions, checks: bool) -> _Compiled:
+    """Jitted entry points for one ((target, drafter) structure, options, checks) key, shared by every
+    Engine with equal keys (trained and random weights, any EOS share one executable per input shape).
 
     ``graphdef`` is closed over instead of being a static argument: hashing an NNX GraphDef costs ~3 ms
     per call, which dominated the host-driven loop (measured on CPU: 5.4 -> ~2 ms per round). Params
     travel as a flat list of leaves (``treedef`` closed over too): flattening an NNX State costs ~0.5 ms.
     """
-    step_fn = plain_step if opts.spec is None else spec_step
 
-    def _model(leaves):
+    def _models(leaves):
         return nnx.merge(graphdef, jax.tree.unflatten(treedef, leaves))
 
+    def _step_fn(target, drafter, st):
+        return plain_step(target, opts, st) if drafter is None else spec_step(target, drafter, opts, st)
+
     def _prefill(params, state, prompts, lens):
-        return prefill(_model(params), opts, state, prompts, lens)
+        target, drafter = _models(params)
+        return prefill(target, drafter, opts, state, prompts, lens)
 
     def _step(params, state):
-        return step_fn(_model(params), opts, state)
+        return _step_fn(*_models(params), state)
 
     def _generate(params, state, prompts, lens):
-        model = _model(params)
-        state = prefill(model, opts, state, prompts, lens)
-        return jax.lax.while_loop(lambda st: ~jnp.all(st.done), lambda st: step_fn(model, opts, st), state)
+        target, drafter = _models(params)
+        state = prefill(target, drafter, opts, state, prompts, lens)
+        return jax.lax.while_loop(lambda st: ~jnp.all(st.done), lambda st: _step_fn(target, drafter, st), state)
 
     return _Compiled(
-        prefill=jax.jit(_prefill, donate_argnums=(1,)),
-        step=jax.jit(_step, donate_argnums=(1,)),
-        generate=jax.jit(_generate, donate_argnums=(1,)),
+        prefill=jax.jit(_checked(_prefill, checks), donate_argnums=(1,)),
+        step=jax.jit(_checked(_step, checks), donate_argnums=(1,)),
+        generate=jax.jit(_checked(_generate, checks), donate_argnums=(1,)),
     )
 
 
+def _free_memory_bytes() -> tuple[int, str]:
+    """Free memory of the default device (GPU: allocator limit minus use; CPU: ``MemAvailable``)."""
+    stats = jax.devices()[0].memory_stats() or {}
+    if "bytes_limit" in stats:
+        return int(stats["bytes_limit"]) - int(stats.get("bytes_in_use", 0)), f"{jax.devices()[0]} free memory"
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024, "host MemAvailable"
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "host physical memory"
+
+
+def _split_models(target, drafter):
+    """One NNX split of ``(target, drafter)`` (shared weights, e.g. an MTP head inside the target, travel
+    once); every leaf must be an array."""
+    graphdef, state = nnx.split((target, drafter))
+    leaves, treedef = jax.tree.flatten(state)
+    for leaf in leaves:
+        if not isinstance(leaf, jax.Array):
+            raise ValueError(
+                f"target / drafter: expected pytrees of jax arrays or NNX modules, found a leaf of type "
+                f"{type(leaf).__name__} (mark configuration fields static)"
+            )
+    return graphdef, treedef, leaves
+
+
 class Engine:
-    """Greedy decoding of a ``TinyPair`` with MTP speculation (``spec``) or plain (``spec=None``).
+    """Greedy decoding of any ``TargetModel`` with a ``Drafter`` (``spec``) or plain (``spec=None``).
 
     Args:
-      model: the target + MTP pair (``spec.num_steps <= model.cfg.num_mtp_layers``).
+      target: a ``jaxspec.protocols.TargetModel`` (pytree of arrays or NNX module).
+      drafter: a ``jaxspec.protocols.Drafter`` (e.g. ``jaxspec.models.MTPDrafter(model)``); required with
+        ``spec``, ``None`` for plain decoding.
       spec: ``SpecConfig(S, K, N)``; chain ``K == 1`` (``N == S + 1``) or tree ``K > 1``.
       max_context: ``W``, tokens reserved per request (``prompt + max_new_tokens + N <= W``).
       page_size: KV page size ``G`` (pages of a request are shuffled, page 0 is the dummy page).
-      num_pages: KV pool size in pages (default: exactly enough); too few raises ``ValueError``.
+      max_batch: the most requests one ``generate`` takes (sizes the default pool).
+      num_pages: KV pool size in pages (default: ``max_batch`` full requests + the dummy page); too few
+        for a batch raises ``ValueError`` at ``prepare``.
       eos_id: stop token, or None.
-      implementation / interpret: forwarded to the kernels (see ``EngineOptions``).
+      implementation / interpret: forwarded to the kernels of the round (see ``EngineOptions``).
+      memory_limit_bytes: what the pools may take (default ``MEMORY_FRACTION`` of the free memory);
+        a pool that needs more is refused here, with the bytes it would need.
     """
 
     def __init__(
         self,
-        model: TinyPair,
+        target,
+        drafter=None,
         *,
-        spec: SpecConfig | None,
+        spec: SpecConfig | None = None,
         max_context: int = 256,
         page_size: int = 1,
+        max_batch: int = 8,
         num_pages: int | None = None,
         eos_id: int | None = None,
         implementation: str = "auto",
         interpret: bool = False,
         seed: int = 0,
+        memory_limit_bytes: int | None = None,
     ):
-        cfg = model.cfg
-        if spec is not None:
-            if not isinstance(spec, SpecConfig):
-                raise ValueError(f"spec: expected a SpecConfig or None, got {type(spec).__name__}")
-            if spec.num_steps > cfg.num_mtp_layers:
-                raise ValueError(
-                    f"spec.num_steps={spec.num_steps} needs that many MTP layers; the model has {cfg.num_mtp_layers}"
-                )
-        if eos_id is not None and not 0 <= eos_id < cfg.vocab_size:
-            raise ValueError(f"eos_id: expected a token id in [0, {cfg.vocab_size}), got {eos_id}")
-        self.cfg = cfg
-        self.opts = EngineOptions(spec=spec, implementation=implementation, interpret=interpret)
+        check_implements(target, TargetModel, "target")
+        if spec is not None and not isinstance(spec, SpecConfig):
+            raise ValueError(f"spec: expected a SpecConfig or None, got {type(spec).__name__}")
+        if (spec is None) != (drafter is None):
+            raise ValueError(
+                "drafter: speculative decoding (spec) needs a drafter and plain decoding (spec=None) takes none; "
+                f"got spec={spec}, drafter={type(drafter).__name__}"
+            )
+        if drafter is not None:
+            check_implements(drafter, Drafter, "drafter")
+        self.vocab_size = int(target.vocab_size)
+        for name, v, lo in (("max_context", max_context, 1), ("page_size", page_size, 1), ("max_batch", max_batch, 1)):
+            if not isinstance(v, int) or isinstance(v, bool) or v < lo:
+                raise ValueError(f"{name}: expected an int >= {lo}, got {v!r}")
+        if eos_id is not None and not 0 <= eos_id < self.vocab_size:
+            raise ValueError(f"eos_id: expected a token id in [0, {self.vocab_size}), got {eos_id}")
+        self.opts = EngineOptions(spec=spec, page_size=page_size, implementation=implementation, interpret=interpret)
         self.eos_id = -1 if eos_id is None else int(eos_id)
-        self.max_context = int(max_context)
-        self.page_size = int(page_size)
-        self.num_pages = num_pages
+        self.max_context = max_context
+        self.page_size = page_size
+        self.max_batch = max_batch
+        self.num_pages = num_pages_needed(max_batch, max_context, page_size) if num_pages is None else int(num_pages)
         self.seed = seed
-        self.graphdef, state = nnx.split(model)
-        self.params, treedef = jax.tree.flatten(state)  # list of parameter arrays
-        self._fns = _compiled(self.graphdef, treedef, self.opts)
+        self.target, self.drafter = target, drafter
+        self.pool_bytes = self._check_memory(memory_limit_bytes)  # drafter.kv_bytes_per_slot also checks spec
+        self.graphdef, self._treedef, self.params = _split_models(target, drafter)
+
+    # ---------------------------------------------------------------- memory estimate
+    def _check_memory(self, limit) -> int:
+        slots = self.num_pages * self.page_size
+        per_slot = int(self.target.kv_bytes_per_slot())
+        if self.drafter is not None:
+            per_slot += int(self.drafter.kv_bytes_per_slot(self.opts.spec))
+        rows = _next_pow2(self.max_batch)
+        table = rows * self.max_context * 4  # req_to_token, int32
+        need = slots * per_slot + table
+        if limit is None:
+            free, what = _free_memory_bytes()
+            limit = int(free * MEMORY_FRACTION)
+            what = f"{MEMORY_FRACTION:.0%} of the {free} bytes of {what}"
+        else:
+            what = "memory_limit_bytes"
+        if need > limit:
+            raise ValueError(
+                f"max_context={self.max_context}: the KV pools need {need} bytes ({slots} slots x {per_slot} "
+                f"bytes per slot (target + drafter) + {table} bytes of req_to_token), more than {limit} bytes "
+                f"({what}); lower max_context, max_batch or num_pages"
+            )
+        return need
 
     # ---------------------------------------------------------------- host-side preparation
     def _check_prompts(self, prompts, max_new_tokens):
         if len(prompts) == 0:
             raise ValueError("prompts: expected at least one prompt, got an empty batch")
+        if len(prompts) > self.max_batch:
+            raise ValueError(f"prompts: {len(prompts)} requests exceed max_batch={self.max_batch}")
         arrs = []
         for i, p in enumerate(prompts):
             a = np.asarray(p)
@@ -134,8 +226,8 @@ class Engine:
                 raise ValueError(f"prompts[{i}]: expected a non-empty 1-D sequence of token ids, got shape {a.shape}")
             if not np.issubdtype(a.dtype, np.integer):
                 raise ValueError(f"prompts[{i}]: expected integer token ids, got dtype {a.dtype}")
-            if a.min() < 0 or a.max() >= self.cfg.vocab_size:
-                raise ValueError(f"prompts[{i}]: token ids must be in [0, {self.cfg.vocab_size}), got {a.min()}..{a.max()}")
+            if a.min() < 0 or a.max() >= self.vocab_size:
+                raise ValueError(f"prompts[{i}]: token ids must be in [0, {self.vocab_size}), got {a.min()}..{a.max()}")
             arrs.append(a.astype(np.int32))
         b = len(arrs)
         mnt = np.broadcast_to(np.asarray(max_new_tokens, np.int64), (b,)).astype(np.int64)
@@ -152,73 +244,94 @@ class Engine:
         return arrs, mnt.astype(np.int32)
 
     def prepare(self, prompts: Sequence, max_new_tokens) -> tuple:
-        """Validate, pad and allocate: returns device ``(state, prompts (B, P), prompt_lens (B,))``."""
+        """Validate, pad to the buckets and allocate: returns device ``(state, prompts (B, P), prompt_lens (B,))``
+        with ``B`` the batch bucket (rows past ``len(prompts)`` are padding, done from the start)."""
         arrs, mnt = self._check_prompts(prompts, max_new_tokens)
-        b = len(arrs)
-        lens = np.asarray([a.size for a in arrs], np.int32)
+        n, b = len(arrs), _next_pow2(len(arrs))
+        lens = np.ones((b,), np.int32)  # padding rows: one token (id 0) on the dummy page
+        lens[:n] = [a.size for a in arrs]
         p = min(-(-int(lens.max()) // PROMPT_BUCKET) * PROMPT_BUCKET, self.max_context)
         padded = np.zeros((b, p), np.int32)
         for i, a in enumerate(arrs):
             padded[i, : a.size] = a
-        r2t = make_req_to_token(b, self.max_context, self.page_size, num_pages=self.num_pages, seed=self.seed)
-        cfg, spec = self.cfg, self.opts.spec
-        tcache = init_cache(cfg.num_layers, cfg, r2t, page_size=self.page_size, num_pages=self.num_pages)
-        if spec is None:
-            dcache = init_cache(1, cfg, np.zeros((b, 1), np.int32), page_size=1, num_pages=1)  # unused placeholder
-            x = 1
-        else:
-            dcache = init_cache(spec.num_steps, cfg, r2t, page_size=self.page_size, num_pages=self.num_pages)
-            x = spec.num_steps if spec.topk == 1 else spec.topk
-        t = int(mnt.max())
+        r2t = np.zeros((b, self.max_context), np.int32)  # padding rows: every slot on the dummy page 0
+        r2t[:n] = make_req_to_token(n, self.max_context, self.page_size, num_pages=self.num_pages, seed=self.seed)
+        num_slots = self.num_pages * self.page_size
+        tcache = self.target.make_cache(r2t, num_slots)
+        draft = None if self.drafter is None else self.drafter.init_state(self.opts.spec, r2t, num_slots)
+        limits = np.zeros((b,), np.int32)
+        limits[:n] = mnt
+        t = max(MIN_OUTPUT_BUCKET, _next_pow2(int(mnt.max())))
+        def zeros():  # a fresh buffer per field: the state is donated, so no two leaves may share one
+            return jnp.zeros((b,), jnp.int32)
+
         state = DecodeState(
             target_cache=tcache,
-            draft_cache=dcache,
-            seq_lens=jnp.zeros((b,), jnp.int32),
-            bonus=jnp.zeros((b,), jnp.int32),
-            topk_p=jnp.zeros((b, x), jnp.float32),
-            topk_index=jnp.zeros((b, x), jnp.int32),
-            hidden=jnp.zeros((b, cfg.hidden_size), jnp.float32),
+            draft=draft,
+            seq_lens=zeros(),
+            bonus=zeros(),
             out_tokens=jnp.zeros((b, t), jnp.int32),
-            num_generated=jnp.zeros((b,), jnp.int32),
-            max_new_tokens=jnp.asarray(mnt),
-            done=jnp.zeros((b,), bool),
+            num_generated=zeros(),
+            max_new_tokens=jnp.asarray(limits),
+            done=jnp.asarray(np.arange(b) >= n),
             eos_id=jnp.int32(self.eos_id),
-            num_rounds=jnp.zeros((b,), jnp.int32),
-            num_accepted=jnp.zeros((b,), jnp.int32),
+            num_rounds=zeros(),
+            num_accepted=zeros(),
+            sampling=SamplingParams(
+                temperature=jnp.zeros((b,), jnp.float32),
+                top_k=zeros(),
+                top_p=jnp.ones((b,), jnp.float32),
+                seed=zeros(),
+            ),
         )
         return state, jnp.asarray(padded), jnp.asarray(lens)
 
     # ---------------------------------------------------------------- compiled entry points
+    def _call(self, name, *args):
+        checks = checks_enabled()
+        fn = getattr(_compiled(self.graphdef, self._treedef, self.opts, checks), name)
+        if not checks:
+            return fn(self.params, *args)
+        err, out = fn(self.params, *args)
+        msg = err.get()
+        if msg is not None:
+            raise ValueError(f"JAXSPEC_CHECKS: a check failed in Engine.{name}: {msg}")
+        return out
+
     def run(self, state: DecodeState, prompts: jax.Array, prompt_lens: jax.Array) -> DecodeState:
-        """Jitted: prefill + the whole decode ``while_loop``; ``state`` is donated. No host sync."""
-        return self._fns.generate(self.params, state, prompts, prompt_lens)
+        """Jitted: prefill + the whole decode ``while_loop``; ``state`` is donated. No host sync (with
+        checks on, the error flag is read after the call)."""
+        return self._call("generate", state, prompts, prompt_lens)
 
     def run_prefill(self, state, prompts, prompt_lens) -> DecodeState:
         """Jitted prefill (+ draft extend); ``state`` is donated."""
-        return self._fns.prefill(self.params, state, prompts, prompt_lens)
+        return self._call("prefill", state, prompts, prompt_lens)
 
     def run_step(self, state: DecodeState) -> DecodeState:
         """Jitted single round (``spec_step`` or ``plain_step``); ``state`` is donated."""
-        return self._fns.step(self.params, state)
+        return self._call("step", state)
 
     @staticmethod
-    def result(state: DecodeState) -> GenerateResult:
-        """Read a finished state back to the host."""
+    def result(state: DecodeState, num_requests: int | None = None) -> GenerateResult:
+        """Read a finished state back to the host (the first ``num_requests`` rows; default: every row
+        that was not batch padding, i.e. that generated a token)."""
         out = np.asarray(state.out_tokens)
         num = np.asarray(state.num_generated)
+        # Real rows come first and generate >= 1 token (prefill's); padding rows generate none.
+        r = int(np.count_nonzero(num)) if num_requests is None else num_requests
         return GenerateResult(
-            tokens=[out[i, : num[i]] for i in range(out.shape[0])],
-            num_rounds=np.asarray(state.num_rounds),
-            num_accepted=np.asarray(state.num_accepted),
+            tokens=[out[i, : num[i]] for i in range(r)],
+            num_rounds=np.asarray(state.num_rounds)[:r],
+            num_accepted=np.asarray(state.num_accepted)[:r],
         )
 
     def generate(self, prompts: Sequence, max_new_tokens) -> GenerateResult:
         """Greedy generation, whole loop on device (one XLA ``while_loop``)."""
-        return self.result(self.run(*self.prepare(prompts, max_new_tokens)))
+        return self.result(self.run(*self.prepare(prompts, max_new_tokens)), len(prompts))
 
     def generate_host_driven(self, prompts: Sequence, max_new_tokens) -> GenerateResult:
         """Greedy generation with one jitted call per round and a host ``done`` poll per round."""
         state = self.run_prefill(*self.prepare(prompts, max_new_tokens))
         while not bool(jnp.all(state.done)):
             state = self.run_step(state)
-        return self.result(state)
+        return self.result(state, len(prompts))

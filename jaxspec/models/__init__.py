@@ -1,4 +1,4 @@
-"""jaxspec.models: tiny Llama-style target + MTP draft over a paged KV cache (Flax NNX)."""
+"""jaxspec.models: tiny Llama-style target + MTP layers over a paged KV cache (Flax NNX), and the MTP drafter."""
 
 from jaxspec.models.cache import PagedKVCache as PagedKVCache
 from jaxspec.models.cache import init_cache as init_cache
@@ -11,4 +11,6 @@ from jaxspec.models.io import save_pair as save_pair
 from jaxspec.models.llama import ForwardInputs as ForwardInputs
 from jaxspec.models.llama import TinyPair as TinyPair
 from jaxspec.models.llama import causal_mask as causal_mask
+from jaxspec.models.mtp_drafter import MTPDrafter as MTPDrafter
+from jaxspec.models.mtp_drafter import MTPDraftState as MTPDraftState
 from jaxspec.models.vocab import MockVocab as MockVocab

@@ -6,48 +6,13 @@ a host-side shuffled permutation so a request's pages are not contiguous); page 
 reserved dummy page, so slot 0 is never a real token and zero-padded location buffers write harmlessly there.
 """
 
-import math
-
-import jax
 import jax.numpy as jnp
 import numpy as np
 
 from jaxspec.models.config import ModelConfig
 from jaxspec.protocols import PagedKVCache
-
-
-def num_pages_needed(num_reqs: int, max_tokens_per_req: int, page_size: int) -> int:
-    """Pages a fully reserved batch needs, including the dummy page 0."""
-    return num_reqs * math.ceil(max_tokens_per_req / page_size) + 1
-
-
-def make_req_to_token(
-    num_reqs: int, max_tokens_per_req: int, page_size: int, *, num_pages: int | None = None, seed: int = 0
-) -> np.ndarray:
-    """Host-side allocator: reserve ``ceil(W / G)`` shuffled pages per request row; ``int32[R, W]``.
-
-    Raises ``ValueError`` when the pool (``num_pages`` including the dummy page) cannot hold every row's
-    reservation -- page exhaustion is reported at the host boundary, never clamped silently.
-    """
-    if page_size < 1:
-        raise ValueError(f"page_size must be >= 1, got {page_size}")
-    if num_reqs < 1 or max_tokens_per_req < 1:
-        raise ValueError(f"num_reqs and max_tokens_per_req must be >= 1, got {num_reqs}, {max_tokens_per_req}")
-    pages_per_req = math.ceil(max_tokens_per_req / page_size)
-    need = num_pages_needed(num_reqs, max_tokens_per_req, page_size)
-    if num_pages is None:
-        num_pages = need
-    if num_pages < need:
-        raise ValueError(
-            f"KV page pool exhausted: {num_reqs} requests x {pages_per_req} pages of {page_size} tokens "
-            f"(+1 dummy page) = {need} pages needed, pool has num_pages={num_pages}"
-        )
-    rng = np.random.default_rng(seed)
-    pages = rng.permutation(np.arange(1, num_pages, dtype=np.int64))[: num_reqs * pages_per_req]
-    pages = pages.reshape(num_reqs, pages_per_req)
-    pos = np.arange(max_tokens_per_req, dtype=np.int64)
-    table = pages[:, pos // page_size] * page_size + pos[None, :] % page_size
-    return table.astype(np.int32)
+from jaxspec.protocols import make_req_to_token as make_req_to_token  # the allocator sits below models and engine
+from jaxspec.protocols import num_pages_needed as num_pages_needed
 
 
 def init_cache(

@@ -23,8 +23,9 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxspec.models.cache import PagedKVCache
+from jaxspec.models.cache import PagedKVCache, init_cache
 from jaxspec.models.config import ModelConfig
+from jaxspec.protocols import AttentionMetadata
 
 # All matmuls at HIGHEST precision: the losslessness check compares greedy argmaxes of the verify forward
 # (Q = N tokens) with plain decode (Q = 1); TF32 on the GPU would make near-ties flip between the two.
@@ -197,6 +198,40 @@ class TinyPair(nnx.Module):
         """
         x, cache = self.mtp[step](h_prev, self.embed[...][tokens], inp, cache, step)
         return self.logits(x), x, cache
+
+    # -------- jaxspec.protocols: TargetModel (forward, make_cache) and MTPHead (mtp_forward, make_draft_cache)
+    # Attention gathers the prefix through ``cache.req_to_token[:B]`` (batch row b = table row b, as the
+    # engine lays rows out), which equals ``meta.prefix_slots(W)`` for its page-aligned tables.
+    @property
+    def vocab_size(self) -> int:
+        return self.cfg.vocab_size
+
+    @property
+    def feature_size(self) -> int:
+        return self.cfg.hidden_size
+
+    @property
+    def num_mtp_layers(self) -> int:
+        return self.cfg.num_mtp_layers
+
+    def kv_bytes_per_slot(self) -> int:
+        return self.cfg.num_layers * 2 * self.cfg.num_kv_heads * self.cfg.head_dim * 4  # f32 K and V
+
+    def make_cache(self, req_to_token, num_slots: int) -> PagedKVCache:
+        return init_cache(self.cfg.num_layers, self.cfg, req_to_token, page_size=1, num_pages=num_slots)
+
+    def make_draft_cache(self, req_to_token, num_slots: int) -> PagedKVCache:
+        return init_cache(self.cfg.num_mtp_layers, self.cfg, req_to_token, page_size=1, num_pages=num_slots)
+
+    def forward(self, tokens, meta: AttentionMetadata, cache: PagedKVCache):
+        return self.target(tokens, _inputs(meta), cache)
+
+    def mtp_forward(self, step: int, h_prev, tokens, meta: AttentionMetadata, cache: PagedKVCache):
+        return self.draft(step, h_prev, tokens, _inputs(meta), cache)
+
+
+def _inputs(meta: AttentionMetadata) -> ForwardInputs:
+    return ForwardInputs(meta.positions, meta.qmask, meta.prefix_lens, meta.write_locs)
 
 
 def causal_mask(batch: int, q: int) -> jax.Array:

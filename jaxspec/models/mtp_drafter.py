@@ -1,0 +1,168 @@
+"""``MTPDrafter``: the ``Drafter`` that drives a model's multi-token-prediction layers (seed ``mtp_worker_v2.py``).
+
+Works with any ``jaxspec.protocols.MTPHead`` (``mtp_forward``, ``num_mtp_layers``, ``make_draft_cache``).
+MTP layers are chained as in DeepSeek-V3 (layer ``s`` consumes layer ``s-1``'s hidden state; the seed's
+``chain_mtp_hidden_states``).
+
+Draft extend (after prefill and after every verify): MTP layers ``0..S-1`` run over the window (the
+prompt, or the N-row verify window with the accepted path compacted to the front), each feeding the next
+its hidden state; after layer ``s`` the input ids are rotated left by one with that layer's prediction
+written at ``select`` = the last real row (``rotate_input_ids``). This is the seed's eager path (fixed
+window, one ``select_index``): rows past ``select - s`` of layer ``s`` are fed a drafted (not yet verified)
+token, so the draft KV of the last ``s`` committed positions of layer ``s`` is computed from a guess and
+kept. The seed's CUDA-graph "KV-cache reversion" (``assign_hidden_states_pool``) re-runs those rows; it is
+not ported: it only affects draft quality, never the output (verify is exact).
+
+Proposal: chain (``K == 1``) = the S per-layer argmax tokens of the last extend. Tree (``K > 1``) = S-1
+beam forwards: MTP layer ``i`` on the ``B*K`` beams of step ``i`` (``select_top_k_tokens``), beams at the
+row of the last committed target hidden (position ``seq_lens - 1``), attending to that layer's committed
+KV (positions ``< seq_lens - 1``) plus themselves, writing no KV; then ``organize_draft_results``. The S-1
+beam forwards are traced in a Python loop (each step is a different MTP layer, so they cannot share one
+``scan`` body).
+"""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxspec.kernels.multi_layer_eagle import rotate_input_ids
+from jaxspec.ops.draft import DraftResults, organize_draft_results, select_top_k_tokens
+from jaxspec.protocols import AttentionMetadata, MTPHead, PagedKVCache, check_implements
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class MTPDraftState:
+    """The drafter's part of the decode state.
+
+    cache: the MTP layers' paged KV (slot ids shared with the target).
+    topk_p: ``f32[B, X]`` / topk_index: ``i32[B, X]`` the next proposal: chain ``X = S`` (the per-layer
+      argmax tokens), tree ``X = K`` (MTP layer 0's top-K).
+    hidden: ``f32[B, F]`` MTP layer 0's hidden at the selected row (parent state of the tree beams).
+    """
+
+    cache: PagedKVCache
+    topk_p: jax.Array
+    topk_index: jax.Array
+    hidden: jax.Array
+
+
+def _topk(logits: jax.Array, k: int):
+    """``softmax`` + top-k (first index on ties), as ``fast_topk`` after the draft's softmax."""
+    probs = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
+    p, idx = jax.lax.top_k(probs, k)
+    return p, idx.astype(jnp.int32)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class MTPDrafter:
+    """Drafter over an ``MTPHead`` (``head``: a pytree or NNX module; often the target itself, which
+    shares its embedding and LM head with the MTP layers). ``feature_size``: width F of the hidden that
+    layer 0 consumes (default ``head.feature_size``). ``implementation`` / ``interpret`` go to the
+    ``jaxspec.kernels`` ops (``rotate_input_ids``)."""
+
+    head: object
+    feature_size: int | None = dataclasses.field(default=None, metadata=dict(static=True))
+    implementation: str = dataclasses.field(default="auto", metadata=dict(static=True))
+    interpret: bool = dataclasses.field(default=False, metadata=dict(static=True))
+
+    def __post_init__(self):
+        check_implements(self.head, MTPHead, "head")
+        if self.feature_size is None:
+            if not isinstance(getattr(self.head, "feature_size", None), int):
+                raise ValueError("feature_size: give the width F of the target's hidden feature (the head has none)")
+            object.__setattr__(self, "feature_size", int(self.head.feature_size))
+
+    def _kw(self):
+        return dict(implementation=self.implementation, interpret=self.interpret)
+
+    # ---------------------------------------------------------------- host side
+    def kv_bytes_per_slot(self, spec) -> int:
+        if spec.num_steps > self.head.num_mtp_layers:
+            raise ValueError(
+                f"spec.num_steps={spec.num_steps} needs that many MTP layers; the head has {self.head.num_mtp_layers}"
+            )
+        shape = jax.eval_shape(lambda: self.head.make_draft_cache(np.zeros((1, 1), np.int32), 1))
+        return int(shape.k.size * shape.k.dtype.itemsize + shape.v.size * shape.v.dtype.itemsize)
+
+    def init_state(self, spec, req_to_token, num_slots: int) -> MTPDraftState:
+        b = req_to_token.shape[0]
+        x = spec.num_steps if spec.topk == 1 else spec.topk
+        cache = self.head.make_draft_cache(req_to_token, num_slots)
+        return MTPDraftState(
+            cache=cache,
+            topk_p=jnp.zeros((b, x), jnp.float32),
+            topk_index=jnp.zeros((b, x), jnp.int32),
+            hidden=jnp.zeros((b, self.feature_size), jnp.float32),
+        )
+
+    # ---------------------------------------------------------------- jitted
+    def _extend(self, spec, cache, ids, h, meta, starts, lens, select) -> MTPDraftState:
+        """MTP layers 0..S-1 over ``ids/h (B, Q)`` with the seed's rotations; returns the new state."""
+        b, q = ids.shape
+        flat = ids.reshape(b * q)
+        chain_p, chain_i = [], []
+        first = None
+        for s in range(spec.num_steps):
+            logits, h, cache = self.head.mtp_forward(s, h, flat.reshape(b, q), meta, cache)
+            p, idx = _topk(logits.reshape(b * q, -1)[select], spec.topk)
+            if s == 0:  # carried as float32 (exact for bf16 / f16 heads; a fixed loop-carry dtype)
+                first = (p, idx, h.reshape(b * q, -1)[select].astype(jnp.float32))
+            chain_p.append(p[:, :1])
+            chain_i.append(idx[:, :1])
+            if s + 1 < spec.num_steps:
+                flat = rotate_input_ids(flat, starts, lens, idx[:, :1], select, **self._kw())
+        if spec.topk == 1:
+            return MTPDraftState(cache, jnp.concatenate(chain_p, 1), jnp.concatenate(chain_i, 1), first[2])
+        return MTPDraftState(cache, first[0], first[1], first[2])
+
+    def extend_after_prefill(self, spec, state, tokens, hidden, meta, prompt_lens, first_tokens):
+        b, p = tokens.shape
+        starts = jnp.arange(b, dtype=jnp.int32) * p
+        # The next token of prompt row j is prompt[j + 1]; after the last prompt row it is the first token.
+        ids = rotate_input_ids(tokens.reshape(b * p), starts, prompt_lens, first_tokens[:, None], **self._kw())
+        return self._extend(
+            spec, state.cache, ids.reshape(b, p), hidden, meta, starts, prompt_lens, starts + prompt_lens - 1
+        )
+
+    def extend_after_verify(self, spec, state, tokens, hidden, meta, accept_lens):
+        b, n = tokens.shape
+        starts = jnp.arange(b, dtype=jnp.int32) * n
+        return self._extend(
+            spec, state.cache, tokens, hidden, meta, starts, jnp.full((b,), n, jnp.int32), starts + accept_lens - 1
+        )
+
+    def propose(self, spec, state, bonus, meta: AttentionMetadata):
+        if spec.topk == 1:
+            return state.topk_index, state
+        return self._draft_tree(spec, state, meta), state
+
+    def _draft_tree(self, spec, state: MTPDraftState, meta: AttentionMetadata) -> DraftResults:
+        k = spec.topk
+        b, d = state.hidden.shape
+        sel = select_top_k_tokens(0, state.topk_p, state.topk_index, state.hidden, None, topk=k)
+        scores, tokens, parents = [sel.tree_info.scores], [sel.tree_info.tokens], [sel.tree_info.parents]
+        row = meta.prefix_lens - 1  # the last committed target hidden: MTP layer 0 consumed it with the bonus
+        beam_meta = dataclasses.replace(
+            meta,
+            positions=jnp.broadcast_to(row[:, None], (b, k)),
+            qmask=jnp.broadcast_to(jnp.eye(k, dtype=bool)[None], (b, k, k)),
+            prefix_lens=row,
+            write_locs=None,
+        )
+        for i in range(1, spec.num_steps):
+            logits, h, _ = self.head.mtp_forward(
+                i, sel.hidden_states.reshape(b, k, d), sel.input_ids.reshape(b, k), beam_meta, state.cache
+            )
+            p, idx = _topk(logits.reshape(b * k, -1), k)
+            sel = select_top_k_tokens(i, p, idx, h.reshape(b * k, d), sel.scores, topk=k)
+            scores.append(sel.tree_info.scores)
+            tokens.append(sel.tree_info.tokens)
+            parents.append(sel.tree_info.parents)
+        return organize_draft_results(scores, tokens, parents, num_draft_tokens=spec.num_draft_tokens)
+
+
+__all__ = ["MTPDraftState", "MTPDrafter"]

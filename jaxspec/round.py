@@ -1,0 +1,283 @@
+"""One speculative round, model-free: ``plan_verify`` before the target's verify forward, ``commit`` after.
+
+The seam between any serving stack and jaxspec's pipeline (architecture.md): arrays in, arrays out, no
+model, no hidden state, static shapes given ``(B, W, S, K, N)``; every function is pure and jittable (call
+it under your own ``jax.jit``). One round (ops-spec §0.4, seed ``MTPWorkerV2``)::
+
+    draft = drafter.propose(...)                       # DraftResults (tree) or i32[B, S] (chain)
+    plan = plan_verify(spec, bonus, draft, seq_lens, req_to_token, page_size=G)
+    logits, hidden, cache = target.forward(plan.tokens, plan.meta, cache)
+    out = commit(spec, plan, cache, logits=logits, hidden=hidden)
+    # out.accepted[b, :out.accept_lens[b]] are the round's new tokens, out.bonus the next root,
+    # out.seq_lens the new committed lengths; the drafter extends over out.window_* with out.draft_meta.
+
+``plan_verify``: ``build_chain_tree`` (``K == 1``) or ``build_tree`` (QLEN_ONLY) from the draft, the verify
+window's cache slots ``req_to_token[r, seq_len + j]`` (``assign_extend_cache_locs_uniform``) and the
+``AttentionMetadata`` of the verify forward (tree positions, tree mask, prefix = committed length).
+``commit``: greedy verify (``eagle_sample``) + ``fill_bonus_tokens``; for trees (``K > 1``) the accepted
+path's KV moves to the window front (``move_accept_tokens_to_target_kvcache``) and the per-node predictions
+and features are compacted the same way (``compact_accept_to_front``); chains need neither (the accepted
+path already is the window front, as upstream skips the move for ``K == 1``).
+
+Also here: the metadata of the other forwards a decode loop runs (``prefill_metadata``,
+``decode_metadata``, ``root_metadata``) and ``causal_qmask``, so a loop needs nothing model-specific.
+"""
+
+import dataclasses
+from typing import NamedTuple
+
+import jax.numpy as jnp
+from jaxtyping import Array, Bool, Float, Int32
+
+from jaxspec.config import SpecConfig
+from jaxspec.kernels.cache_locs import assign_extend_cache_locs_uniform
+from jaxspec.kernels.kv_move import compact_accept_to_front, move_accept_tokens_to_target_kvcache
+from jaxspec.ops.accept import eagle_sample, fill_bonus_tokens
+from jaxspec.ops.draft import DraftResults
+from jaxspec.ops.tree import TreeMaskMode, TreeOutput, build_chain_tree, build_tree
+from jaxspec.ops.verify import verify_tree_greedy
+from jaxspec.protocols import AttentionMetadata, PagedKVCache, page_table_from_req_to_token
+
+
+class VerifyPlan(NamedTuple):
+    """Output of ``plan_verify``: what the target's verify forward needs, and the tree ``commit`` walks.
+
+    tree: ``build_tree`` / ``build_chain_tree`` output (QLEN_ONLY mask, positions, retrieve links).
+    tokens: ``i32[B, N]`` node tokens (node 0 = the bonus/root), the verify forward's input.
+    meta: ``AttentionMetadata`` of the verify forward (``write_locs`` = ``cache_locs``).
+    cache_locs: ``i32[B, N]`` window slots ``req_to_token[r, seq_lens + j]``.
+    """
+
+    tree: TreeOutput
+    tokens: Int32[Array, "B N"]
+    meta: AttentionMetadata
+    cache_locs: Int32[Array, "B N"]
+
+
+class CommitOutput(NamedTuple):
+    """Output of ``commit`` (all ``int32`` but ``window_hidden``).
+
+    cache: the target cache after the accept KV move (``K > 1``; the given cache for chains).
+    accept_index: ``(B, S+1)`` global node ids of the accepted path, -1 padded (``eagle_sample``).
+    accept_lens: ``(B,)`` accepted drafts + 1 (>= 1), as verified (also for inactive rows).
+    accepted: ``(B, S+1)`` the committed tokens of the round, valid where column ``< accept_lens``
+      (the accepted drafts, then the bonus/correction token).
+    bonus: ``(B,)`` the next round's root (inactive rows keep the plan's root).
+    seq_lens: ``(B,)`` new committed lengths ``seq_lens + accept_lens`` (inactive rows unchanged).
+    window_tokens: ``(B, N)`` the token following each window row, accepted path compacted to the front
+      (row ``j < accept_lens`` sits at position ``seq_lens + j``): the drafter's extend input.
+    window_hidden: ``(B, N, F)`` the target's features in the same row order, or ``None``.
+    draft_meta: ``AttentionMetadata`` of a draft extend over the window (causal, positions
+      ``seq_lens + j``, writes to the window slots).
+    """
+
+    cache: PagedKVCache
+    accept_index: Int32[Array, "B A"]
+    accept_lens: Int32[Array, " B"]
+    accepted: Int32[Array, "B A"]
+    bonus: Int32[Array, " B"]
+    seq_lens: Int32[Array, " B"]
+    window_tokens: Int32[Array, "B N"]
+    window_hidden: Float[Array, "B N F"] | None
+    draft_meta: AttentionMetadata
+
+
+def causal_qmask(batch: int, q: int) -> Bool[Array, "B Q Q"]:
+    """``bool[B, Q, Q]`` lower-triangular fresh-to-fresh mask (query row ``i`` sees fresh keys ``j <= i``)."""
+    m = jnp.arange(q)[:, None] >= jnp.arange(q)[None, :]
+    return jnp.broadcast_to(m[None], (batch, q, q))
+
+
+def _rows(req_to_token, req_pool_indices, b):
+    if req_pool_indices is None:
+        return jnp.arange(b, dtype=jnp.int32), req_to_token[:b]
+    return req_pool_indices, req_to_token[req_pool_indices]
+
+
+def _check_batch(name, x, b):
+    if x.shape[:1] != (b,):
+        raise ValueError(f"{name}: expected leading dim B={b}, got {name}.shape={x.shape}")
+
+
+def prefill_metadata(
+    prompt_lens: Int32[Array, " B"], req_to_token: Int32[Array, "R W"], width: int, *, page_size: int,
+    req_pool_indices: Int32[Array, " B"] | None = None,
+) -> AttentionMetadata:
+    """Metadata of a prefill over right-padded prompts ``(B, width)``: positions ``0..width-1``, causal,
+    no prefix, prompt tokens written to ``req_to_token[r, j]`` and padding to slot 0 (the dummy page)."""
+    b = prompt_lens.shape[0]
+    _, table = _rows(req_to_token, req_pool_indices, b)
+    j = jnp.arange(width, dtype=jnp.int32)[None, :]
+    locs = jnp.where(j < prompt_lens[:, None], table[:, :width], 0)
+    return AttentionMetadata(
+        positions=jnp.broadcast_to(j, (b, width)),
+        qmask=causal_qmask(b, width),
+        prefix_lens=jnp.zeros((b,), jnp.int32),
+        page_table=page_table_from_req_to_token(table, page_size),
+        write_locs=locs,
+        page_size=page_size,
+    )
+
+
+def decode_metadata(
+    seq_lens: Int32[Array, " B"], req_to_token: Int32[Array, "R W"], *, page_size: int,
+    req_pool_indices: Int32[Array, " B"] | None = None, write: bool = True,
+) -> AttentionMetadata:
+    """Metadata of one token per row at position ``seq_lens`` over the committed prefix: the plain decode
+    forward (``write=True``: its K/V goes to ``req_to_token[r, seq_lens]``) and the root a drafter's
+    ``propose`` receives (``write=False``, see ``root_metadata``)."""
+    b = seq_lens.shape[0]
+    _, table = _rows(req_to_token, req_pool_indices, b)
+    locs = jnp.take_along_axis(table, seq_lens[:, None], axis=1) if write else None
+    return AttentionMetadata(
+        positions=seq_lens[:, None],
+        qmask=jnp.ones((b, 1, 1), bool),
+        prefix_lens=seq_lens,
+        page_table=page_table_from_req_to_token(table, page_size),
+        write_locs=locs,
+        page_size=page_size,
+    )
+
+
+def root_metadata(seq_lens, req_to_token, *, page_size: int, req_pool_indices=None) -> AttentionMetadata:
+    """``Drafter.propose``'s ``meta``: the root at position ``seq_lens``, nothing written."""
+    return decode_metadata(seq_lens, req_to_token, page_size=page_size, req_pool_indices=req_pool_indices, write=False)
+
+
+def plan_verify(
+    spec: SpecConfig,
+    bonus: Int32[Array, " B"],
+    draft: DraftResults | Int32[Array, "B S"],
+    seq_lens: Int32[Array, " B"],
+    req_to_token: Int32[Array, "R W"],
+    *,
+    page_size: int,
+    req_pool_indices: Int32[Array, " B"] | None = None,
+    implementation: str = "auto",
+    interpret: bool = False,
+) -> VerifyPlan:
+    """Build the verify tree and the verify forward's inputs (jittable).
+
+    Args:
+      spec: static ``SpecConfig(S, K, N)``.
+      bonus: ``i32[B]`` root token of each row (the last generated, not yet committed token).
+      draft: ``DraftResults`` (``organize_draft_results`` / a drafter's ``propose``; required for
+        ``K > 1``) or, for chains, the ``i32[B, S]`` drafted tokens (a chain ``DraftResults`` works too).
+      seq_lens: ``i32[B]`` committed lengths (the root sits at position ``seq_lens``).
+      req_to_token: ``i32[R, W]`` slot table, page aligned; ``req_pool_indices`` ``i32[B]`` picks the rows
+        (default: batch row ``b`` is table row ``b``). Needs ``seq_lens + N <= W``.
+      page_size: static page size ``G`` of the metadata.
+      implementation / interpret: forwarded to the ``jaxspec.kernels`` ops.
+    """
+    if not isinstance(spec, SpecConfig):
+        raise ValueError(f"spec: expected a SpecConfig, got {type(spec).__name__}")
+    n = spec.num_draft_tokens
+    b = seq_lens.shape[0]
+    _check_batch("bonus", bonus, b)
+    if spec.topk == 1:
+        chain = draft.draft_tokens if isinstance(draft, DraftResults) else draft
+        tree = build_chain_tree(bonus, chain, seq_lens, config=spec)
+    else:
+        if not isinstance(draft, DraftResults):
+            raise ValueError(f"draft: spec.topk={spec.topk} > 1 needs a DraftResults, got {type(draft).__name__}")
+        tree = build_tree(
+            bonus, draft.parent_list, draft.top_scores_index, draft.draft_tokens, seq_lens,
+            config=spec, mask_mode=TreeMaskMode.QLEN_ONLY,
+        )
+    rows, table = _rows(req_to_token, req_pool_indices, b)
+    locs = assign_extend_cache_locs_uniform(
+        rows, req_to_token, seq_lens, width=n, implementation=implementation, interpret=interpret
+    ).out_cache_loc.reshape(b, n)
+    meta = AttentionMetadata(
+        positions=tree.positions.reshape(b, n),
+        qmask=tree.tree_mask.reshape(b, n, n),
+        prefix_lens=seq_lens,
+        page_table=page_table_from_req_to_token(table, page_size),
+        write_locs=locs,
+        page_size=page_size,
+    )
+    return VerifyPlan(tree=tree, tokens=tree.draft_tokens.reshape(b, n), meta=meta, cache_locs=locs)
+
+
+def commit(
+    spec: SpecConfig,
+    plan: VerifyPlan,
+    cache: PagedKVCache,
+    *,
+    logits: Float[Array, "B N V"] | None = None,
+    target_predict: Int32[Array, "B N"] | None = None,
+    hidden: Float[Array, "B N F"] | None = None,
+    active: Bool[Array, " B"] | None = None,
+    implementation: str = "auto",
+    interpret: bool = False,
+) -> CommitOutput:
+    """Greedy verify of ``plan``'s tree against the target and the bookkeeping after it (jittable).
+
+    Exactly one of ``logits`` (``[B, N, V]`` or ``[B*N, V]``, the verify forward's) and ``target_predict``
+    (``i32[B, N]``, their argmax, for callers that reduced the logits already) must be given. ``hidden``
+    (the verify forward's features) is compacted with the accepted path when given. ``cache`` is the
+    cache the verify forward returned (its K/V of the window is moved for ``K > 1``; donate it). Rows with
+    ``active = False`` are computed but frozen: no KV move, ``seq_lens`` and ``bonus`` unchanged.
+    """
+    if (logits is None) == (target_predict is None):
+        raise ValueError("commit: give exactly one of logits and target_predict")
+    s, k, n = spec.num_steps, spec.topk, spec.num_draft_tokens
+    tree = plan.tree
+    b = plan.tokens.shape[0]
+    kw = dict(implementation=implementation, interpret=interpret)
+    if logits is not None:
+        out = eagle_sample(
+            logits.reshape(b * n, -1), tree.draft_tokens, tree.retrieve_index, tree.retrieve_next_token,
+            tree.retrieve_next_sibling, config=spec, greedy=True,
+        )
+        predict, accept_index, accept_lens = out.predict, out.accept_index, out.accept_lens
+    else:
+        _check_batch("target_predict", target_predict, b)
+        v = verify_tree_greedy(
+            plan.tokens, tree.retrieve_index, tree.retrieve_next_token, tree.retrieve_next_sibling,
+            target_predict, num_steps=s,  # no topk= here: with it, XLA:CPU compiles the S5/K4 commit for minutes
+        )
+        predict, accept_index, accept_lens = v.predict, v.accept_index, v.num_correct_drafts + 1
+    bonus = fill_bonus_tokens(predict, accept_index, accept_lens)
+    accepted = jnp.take(predict, jnp.maximum(accept_index, 0), axis=0)
+    flat_hidden = None if hidden is None else hidden.reshape(b * n, -1)
+    if active is None:
+        active = jnp.ones((b,), bool)
+    if k > 1:
+        # Frozen rows move nothing: only their root self-copy stays (a skipped 0-byte pair).
+        col = jnp.arange(accept_index.shape[1], dtype=jnp.int32)[None, :]
+        move_lens = jnp.where(active, accept_lens, 1)
+        move_index = jnp.where(col < move_lens[:, None], accept_index, -1)
+        new_k, new_v = move_accept_tokens_to_target_kvcache(
+            cache.k, cache.v, move_index, move_lens, plan.cache_locs.reshape(-1), **kw
+        )
+        cache = dataclasses.replace(cache, k=new_k, v=new_v)
+        predict = compact_accept_to_front(predict, accept_index, num_draft_tokens=n)
+        if flat_hidden is not None:
+            flat_hidden = compact_accept_to_front(flat_hidden, accept_index, num_draft_tokens=n)
+    seq = plan.meta.prefix_lens
+    window = jnp.arange(n, dtype=jnp.int32)[None, :]
+    draft_meta = dataclasses.replace(plan.meta, positions=seq[:, None] + window, qmask=causal_qmask(b, n))
+    return CommitOutput(
+        cache=cache,
+        accept_index=accept_index,
+        accept_lens=accept_lens,
+        accepted=accepted,
+        bonus=jnp.where(active, bonus, plan.tokens[:, 0]),
+        seq_lens=jnp.where(active, seq + accept_lens, seq),
+        window_tokens=predict.reshape(b, n),
+        window_hidden=None if flat_hidden is None else flat_hidden.reshape(b, n, -1),
+        draft_meta=draft_meta,
+    )
+
+
+__all__ = [
+    "CommitOutput",
+    "VerifyPlan",
+    "causal_qmask",
+    "commit",
+    "decode_metadata",
+    "plan_verify",
+    "prefill_metadata",
+    "root_metadata",
+]
