@@ -10,8 +10,8 @@ once up front, as ``select_top_k_tokens`` would), ``seq_lens``, ``req_to_token``
     -> next-step cache locations (new_seq_lens = seq_lens + accept_lens; next verify window
        req_to_token[req, new_seq_lens + 0..N-1]; next draft slots req_to_token[req, new_seq_lens + 0..K*S-1]).
 
-jaxspec side: ONE jitted function per step, KV pool donated (``jaxspec.ops.{draft,tree,verify,accept}``
-and ``jaxspec.kernels.{cache_locs,kv_move}``). Timed as wall per call from a Python loop (one
+jaxspec side: ONE jitted function per step, KV pool donated: the public round (``jaxspec.round.plan_verify``
+-> ``commit``, the same composition the engine runs) plus the next round's cache locations. Timed as wall per call from a Python loop (one
 ``block_until_ready`` at the end), as GPU kernel time per call (CUPTI, when jax's Mosaic GPU profiler
 extension is present) and as R steps inside one jit (``lax.fori_loop``) divided by R.
 
@@ -34,7 +34,6 @@ two packed buffers (``PackedStep``; ``--no-pack`` passes the ~25 arrays).
 
 import argparse
 import dataclasses
-import inspect
 import json
 import math
 import os
@@ -53,8 +52,9 @@ from _step_report import count_pool_copies, finish_rows, print_table, step_bytes
 from jaxspec.config import SpecConfig
 from jaxspec.interop.original_step import OriginalStep, compare_outputs, compare_pools, jax_pool_from_torch, to_numpy
 from jaxspec.kernels import cache_locs as kcl
-from jaxspec.kernels import kv_move as kkv
-from jaxspec.ops import accept, draft, tree, verify
+from jaxspec import round as rnd
+from jaxspec.ops import draft
+from jaxspec.protocols import PagedKVCache
 from jaxspec.testing import PoolShape, StepInputs, make_step_inputs
 
 CONFIGS = {"tree": (5, 4, 8), "chain": (3, 1, 4)}  # (S, K, N): SGLang's Llama / DeepSeek defaults
@@ -106,64 +106,46 @@ def jax_inputs(inp: StepInputs) -> dict:
     )
 
 
-STAGES = ("tree", "verify", "move", "locs")  # prefixes of the step, for --breakdown
+STAGES = ("plan", "commit", "locs")  # prefixes of the step, for --breakdown
 
 
-def make_jax_step(S: int, K: int, N: int, interpret: bool, move: str = "accept", upto: str = "locs"):
-    """``step(k_pool, v_pool, inputs) -> (k_pool, v_pool, outputs)``: the whole bookkeeping step,
-    traceable, no host syncs. ``move``: ``"accept"`` = ``move_accept_tokens_to_target_kvcache`` (the same
-    pairs laid out request-aligned, fully parallel); ``"pairs"`` = 0.5.23's packed pairs from
-    ``fill_front_out_cache_loc`` / ``fill_accept_out_cache_loc`` into ``move_kv_cache`` (one span)."""
+def make_jax_step(S: int, K: int, N: int, interpret: bool, upto: str = "locs"):
+    """``step(k_pool, v_pool, inputs) -> (k_pool, v_pool, outputs)``: one round's bookkeeping exactly as
+    ``jaxspec.round`` composes it for every caller (``plan_verify`` -> [target forward, here replaced by the
+    given ``target_predict``] -> ``commit``), plus the next round's cache locations that SGLang's step also
+    computes. Traceable, no host syncs. The accepted path's KV moves with ``move_accept_tokens_to_target_kvcache``
+    (the pairs of 0.5.23's ``fill_front/fill_accept_out_cache_loc`` laid out request-aligned, fully parallel;
+    ``make_move_pairs`` checks those pairs against the original's separately)."""
     cfg = SpecConfig(num_steps=S, topk=K, num_draft_tokens=N)
-    kern = dict(interpret=True) if interpret else {}
-    # build_tree's nodes have at most K children: verify can then scan siblings in K unrolled steps
-    # (straight-line code) instead of an early-exit while_loop (a device->host round trip per iteration).
-    verify_kw = dict(topk=K) if "topk" in inspect.signature(verify.verify_tree_greedy).parameters else {}
+    kern = dict(implementation="pallas", interpret=True) if interpret else {}
 
     def step(k_pool, v_pool, x):
-        bs = x["seq_lens"].shape[0]
         if K > 1:
-            dr = draft.organize_draft_results(x["score_list"], x["token_list"], x["parents_list"], num_draft_tokens=N)
-            tr = tree.build_tree(
-                x["bonus_tokens"], dr.parent_list, dr.top_scores_index, dr.draft_tokens, x["seq_lens"],
-                config=cfg, mask_mode=tree.TreeMaskMode.QLEN_ONLY,
-            )
+            d = draft.organize_draft_results(x["score_list"], x["token_list"], x["parents_list"], num_draft_tokens=N)
         else:
-            tr = tree.build_chain_tree(x["bonus_tokens"], x["chain_draft_tokens"], x["seq_lens"], config=cfg)
-        vr = verify.verify_tree_greedy(
-            tr.draft_tokens.reshape(bs, N), tr.retrieve_index, tr.retrieve_next_token, tr.retrieve_next_sibling,
-            x["target_predict"], num_steps=S, **verify_kw,
-        )
-        accept_lens = vr.num_correct_drafts + 1
-        bonus = accept.fill_bonus_tokens(vr.predict, vr.accept_index, accept_lens)
-        new_seq_lens = x["seq_lens"] + accept_lens
+            d = x["chain_draft_tokens"]
+        plan = rnd.plan_verify(cfg, x["bonus_tokens"], d, x["seq_lens"], x["req_to_token"], page_size=1,
+                               req_pool_indices=x["req_pool_indices"], **kern)
+        tr = plan.tree
         out = dict(
             tree_mask=tr.tree_mask, positions=tr.positions, retrieve_index=tr.retrieve_index,
             retrieve_next_token=tr.retrieve_next_token, retrieve_next_sibling=tr.retrieve_next_sibling,
-            draft_tokens=tr.draft_tokens, predict=vr.predict, accept_index=vr.accept_index,
-            accept_lens=accept_lens, bonus_tokens=bonus, new_seq_lens=new_seq_lens,
+            draft_tokens=tr.draft_tokens,
         )
-        if upto == "tree":
-            return k_pool, v_pool, {k: out[k] for k in ("tree_mask", "positions", "retrieve_index",
-                                                        "retrieve_next_token", "retrieve_next_sibling", "draft_tokens")}
-        if upto == "verify":
+        if upto == "plan":
             return k_pool, v_pool, out
-        if K > 1:  # upstream skips the move for K == 1 (the accepted chain already is the window front)
-            if move == "accept":
-                k_pool, v_pool = kkv.move_accept_tokens_to_target_kvcache(
-                    k_pool, v_pool, vr.accept_index, accept_lens, x["out_cache_loc"], **kern
-                )
-            else:
-                pairs = _move_pairs(S, kern, vr.accept_index, accept_lens, x["out_cache_loc"])
-                k_pool, v_pool = kkv.move_kv_cache(k_pool, v_pool, pairs["move_tgt"], pairs["move_src"], **kern)
-                out.update(pairs)
-        if upto == "move":
+        cache = PagedKVCache(k=k_pool, v=v_pool, req_to_token=x["req_to_token"])
+        c = rnd.commit(cfg, plan, cache, target_predict=x["target_predict"], **kern)
+        k_pool, v_pool = c.cache.k, c.cache.v
+        out.update(predict=c.predict, accept_index=c.accept_index, accept_lens=c.accept_lens,
+                   bonus_tokens=c.bonus, new_seq_lens=c.seq_lens)
+        if upto == "commit":
             return k_pool, v_pool, out
         out["next_out_cache_loc"] = kcl.assign_extend_cache_locs_uniform(
-            x["req_pool_indices"], x["req_to_token"], new_seq_lens, width=N, **kern
+            x["req_pool_indices"], x["req_to_token"], c.seq_lens, width=N, **kern
         ).out_cache_loc
         out["next_draft_cache_loc"] = kcl.assign_draft_cache_locs(
-            x["req_pool_indices"], x["req_to_token"], new_seq_lens, topk=K, num_steps=S, **kern
+            x["req_pool_indices"], x["req_to_token"], c.seq_lens, topk=K, num_steps=S, **kern
         ).out_cache_loc
         return k_pool, v_pool, out
 
@@ -180,7 +162,7 @@ def _move_pairs(S: int, kern: dict, accept_index, accept_lens, out_cache_loc) ->
 
 def make_move_pairs(S: int, interpret: bool):
     """jaxspec's 0.5.23 move pairs (tgt, src) as one jitted function, checked against the original's (not part
-    of the timed step with ``--move accept``, whose kernel builds the same pairs request-aligned)."""
+    of the timed step, whose accept move builds the same pairs request-aligned)."""
     kern = dict(interpret=True) if interpret else {}
     return jax.jit(lambda accept_index, accept_lens, out_cache_loc: _move_pairs(
         S, kern, accept_index, accept_lens, out_cache_loc))
@@ -271,7 +253,7 @@ def run_case(name, S, K, N, bs, args, pool: PoolShape, orig: OriginalStep, reps:
     # ---- correctness: same inputs, same pool bits, one step each
     orig.fill_pool(seed=bs)
     k_pool, v_pool = jax_pool_from_torch(orig.kv)
-    step = make_jax_step(S, K, N, interpret=not on_gpu, move=args.move)
+    step = make_jax_step(S, K, N, interpret=not on_gpu)
     if args.pack:
         ps = PackedStep(step, xi)
         jstep, xargs = ps.jit, ps.pack(xi)
@@ -359,7 +341,7 @@ def run_case(name, S, K, N, bs, args, pool: PoolShape, orig: OriginalStep, reps:
     if args.breakdown:
         prev, parts = 0.0, {}
         for stage in STAGES[:-1]:
-            sub = make_jax_step(S, K, N, interpret=not on_gpu, move=args.move, upto=stage)
+            sub = make_jax_step(S, K, N, interpret=not on_gpu, upto=stage)
             _, _, o0 = jax.jit(sub)(k_pool, v_pool, xi)
             sl = make_jax_loop(sub, reps.loop_steps).lower(k_pool, v_pool, xi, o0).compile()
             k_pool, v_pool, o = sl(k_pool, v_pool, xi, o0)
@@ -437,11 +419,9 @@ def main(argv=None) -> int:
                    help="pass the step's ~25 inputs as separate arrays (default: two packed buffers)")
     p.add_argument("--command-buffers", action="store_true",
                    help="run the jaxspec step as XLA command buffers (CUDA graphs), while loops included")
-    p.add_argument("--breakdown", action="store_true", help="also time step prefixes (tree, +verify, +move) in-jit")
+    p.add_argument("--breakdown", action="store_true", help="also time step prefixes (plan_verify, +commit, +next locations) in-jit")
     p.add_argument("--debug", action="store_true",
                    help="print pool-sized copy ops and while loops of the compiled HLO and the top kernels (CUPTI)")
-    p.add_argument("--move", choices=("accept", "pairs"), default="accept",
-                   help="jaxspec KV move: move_accept_tokens_to_target_kvcache (default) or fill_front/fill_accept + move_kv_cache")
     a = p.parse_args(argv)
     bss = a.batch_sizes or ("1,16,64,256" if a.device == "cuda" else "1,4")
     batch_sizes = tuple(int(x) for x in bss.split(",") if x)

@@ -58,6 +58,7 @@ class CommitOutput(NamedTuple):
     """Output of ``commit`` (all ``int32`` but ``window_hidden``).
 
     cache: the target cache after the accept KV move (``K > 1``; the given cache for chains).
+    predict: ``(B*N,)`` the verify output as upstream returns it (the token after each accepted node).
     accept_index: ``(B, S+1)`` global node ids of the accepted path, -1 padded (``eagle_sample``).
     accept_lens: ``(B,)`` accepted drafts + 1 (>= 1), as verified (also for inactive rows).
     accepted: ``(B, S+1)`` the committed tokens of the round, valid where column ``< accept_lens``
@@ -72,6 +73,7 @@ class CommitOutput(NamedTuple):
     """
 
     cache: PagedKVCache
+    predict: Int32[Array, " T"]
     accept_index: Int32[Array, "B A"]
     accept_lens: Int32[Array, " B"]
     accepted: Int32[Array, "B A"]
@@ -235,9 +237,10 @@ def commit(
         _check_batch("target_predict", target_predict, b)
         v = verify_tree_greedy(
             plan.tokens, tree.retrieve_index, tree.retrieve_next_token, tree.retrieve_next_sibling,
-            target_predict, num_steps=s,  # no topk= here: with it, XLA:CPU compiles the S5/K4 commit for minutes
+            target_predict, num_steps=s, topk=k,  # K-bounded sibling scan: loop-free (no per-trip host read on GPU)
         )
         predict, accept_index, accept_lens = v.predict, v.accept_index, v.num_correct_drafts + 1
+    verify_predict = predict
     bonus = fill_bonus_tokens(predict, accept_index, accept_lens)
     accepted = jnp.take(predict, jnp.maximum(accept_index, 0), axis=0)
     flat_hidden = None if hidden is None else hidden.reshape(b * n, -1)
@@ -260,6 +263,7 @@ def commit(
     draft_meta = dataclasses.replace(plan.meta, positions=seq[:, None] + window, qmask=causal_qmask(b, n))
     return CommitOutput(
         cache=cache,
+        predict=verify_predict,
         accept_index=accept_index,
         accept_lens=accept_lens,
         accepted=accepted,
