@@ -9,5 +9,5 @@ if [ ! -x .venv/bin/python ]; then
 fi
 .venv/bin/python -m pip install -q --upgrade pip
 # torch 2.13.0 (CPU) is the interop torch on the dev/CI machines; pinning it keeps pip from pulling a CUDA build.
-.venv/bin/python -m pip install -q -e ".[test,interop,bench]" "torch==2.13.0" "triton==3.7.1"
+.venv/bin/python -m pip install -q -e ".[test,interop,bench,hf]" "torch==2.13.0" "triton==3.7.1"
 .venv/bin/python -m jaxspec.interop.fetch

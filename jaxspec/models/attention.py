@@ -33,7 +33,7 @@ def paged_attention_reference(q, k_new, v_new, k_pool, v_pool, page_table, prefi
     s_new = jnp.where(qmask[:, None, None, :, :], s_new, _MASKED)
     width = page_table.shape[1] * page_size
     pos = jnp.arange(width, dtype=jnp.int32)
-    slots = page_table[:, pos // page_size] * page_size + pos % page_size  # AttentionMetadata.prefix_slots
+    slots = page_table[:, pos // page_size] * page_size + (pos % page_size)[None, :]  # = meta.prefix_slots(width)
     k_pre, v_pre = k_pool[slots].astype(f32), v_pool[slots].astype(f32)  # [B, W, Hkv, E]
     s_pre = jnp.einsum("bqhge,bwhe->bhgqw", qg, k_pre, precision=PREC)
     s_pre = jnp.where((pos[None, :] < prefix_lens[:, None])[:, None, None, None, :], s_pre, _MASKED)

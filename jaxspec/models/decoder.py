@@ -27,6 +27,11 @@ def default_kv_dtype():
     return _F32 if jax.default_backend() == "cpu" else jnp.bfloat16
 
 
+def _bcast(w, ndim: int):
+    """A ``[D]`` vector shaped to broadcast over ``[..., D]`` (rank promotion is an error in this project)."""
+    return w.reshape((1,) * (ndim - 1) + (-1,))
+
+
 def _init(rngs: nnx.Rngs, shape, fan_in: int, dtype) -> nnx.Param:
     return nnx.Param((jax.random.normal(rngs.params(), shape, _F32) * (fan_in**-0.5)).astype(dtype))
 
@@ -41,7 +46,7 @@ class Linear(nnx.Module):
     def __call__(self, x):
         w = self.kernel[...]
         y = jnp.einsum("...d,df->...f", x.astype(w.dtype), w, precision=attention.PREC, preferred_element_type=_F32)
-        return y if self.bias is None else y + self.bias[...].astype(_F32)
+        return y if self.bias is None else y + _bcast(self.bias[...].astype(_F32), y.ndim)
 
 
 class RMSNorm(nnx.Module):
@@ -52,7 +57,7 @@ class RMSNorm(nnx.Module):
     def __call__(self, x):
         x = x.astype(_F32)
         var = jnp.mean(x * x, axis=-1, keepdims=True)
-        return x * jax.lax.rsqrt(var + self.eps) * self.weight[...].astype(_F32)
+        return x * jax.lax.rsqrt(var + self.eps) * _bcast(self.weight[...].astype(_F32), x.ndim)
 
 
 def rope_inv_freq(cfg: DecoderConfig) -> jax.Array:
