@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from jaxspec.models import ForwardInputs, TinyPair, causal_mask, make_req_to_token
+from jaxspec.models import ForwardInputs, ModelConfig, TinyPair, causal_mask, make_req_to_token
 from jaxspec.models.checkpoint import load_model, read_config, save_model
 from jaxspec.models.config import DecoderConfig
 from jaxspec.models.decoder import Decoder
 from jaxspec.models.io import DEFAULT_WEIGHTS, _tiny_to_model_path, from_tiny_pair, load_meta, load_pair
-from jaxspec.models.mtp import MTPModel
+from jaxspec.models.mtp import MTPModel, add_mtp_layers
 from jaxspec.protocols import AttentionMetadata, TargetModel, page_table_from_req_to_token
 
 CFG = DecoderConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
@@ -237,7 +237,8 @@ def test_shipped_pair_equals_tiny_pair():
 
 
 def test_from_tiny_pair_roundtrip():
-    pair = TinyPair(TinyPairView_cfg(), nnx.Rngs(1))
+    pair = TinyPair(ModelConfig(vocab_size=32, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8,
+                                ffn_size=64, num_mtp_layers=1), nnx.Rngs(1))
     model = from_tiny_pair(pair)
     tok = jnp.array([[1, 2, 3]], jnp.int32)
     inp = ForwardInputs(jnp.arange(3, dtype=jnp.int32)[None], causal_mask(1, 3))
@@ -246,8 +247,9 @@ def test_from_tiny_pair_roundtrip():
     np.testing.assert_allclose(b, a, rtol=1e-6, atol=1e-6)
 
 
-def TinyPairView_cfg():
-    from jaxspec.models import ModelConfig
-
-    return ModelConfig(vocab_size=32, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8,
-                       ffn_size=64, num_mtp_layers=1)
+def test_add_mtp_layers_keeps_target():
+    target = Decoder(CFG, rngs=nnx.Rngs(7), kv_dtype=jnp.float32)
+    model = add_mtp_layers(target, 3, rngs=nnx.Rngs(8))
+    assert model.num_mtp_layers == 3
+    tok = jnp.array([[1, 2, 3]], jnp.int32)
+    np.testing.assert_array_equal(_fwd(model, tok, _causal_meta(1, 3), None)[0], _fwd(target, tok, _causal_meta(1, 3), None)[0])

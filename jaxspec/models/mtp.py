@@ -65,3 +65,14 @@ class MTPModel(Decoder):
             raise ValueError(f"step: expected an MTP layer in [0, {self.num_mtp_layers}), got {step}")
         x, cache = self.mtp_layers[step](h_prev, self.embed(tokens), meta, cache, step)
         return self.logits(x), x, cache
+
+
+def add_mtp_layers(target: Decoder, num_mtp_layers: int, *, rngs: nnx.Rngs) -> MTPModel:
+    """An ``MTPModel`` with ``target``'s weights and ``num_mtp_layers`` freshly initialised MTP layers (e.g. a
+    checkpoint without MTP weights, to be trained or used as a random drafter in tests)."""
+    if target.aux_layers is not None:
+        raise ValueError("target: an MTP target's hidden must be the last pre-norm hidden (aux_layers=None)")
+    model = MTPModel(target.cfg, rngs=rngs, param_dtype=target.param_dtype, kv_dtype=target.kv_dtype,
+                     num_mtp_layers=num_mtp_layers)
+    nnx.update(model, nnx.state(target, nnx.Param))
+    return model
