@@ -221,16 +221,17 @@ def test_shipped_pair_equals_tiny_pair():
     pos = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32)[None], (b, t))
     pre = ForwardInputs(pos, causal_mask(b, t), None, jnp.asarray(r2t[:, :t]))
     ext = ForwardInputs(pos[:, :3] + t, causal_mask(b, 3), jnp.full((b,), t, jnp.int32), jnp.asarray(r2t[:, t:t + 3]))
-    outs = []
-    for m in (old, view):
-        cache = init_cache(view.cfg.num_layers, view.cfg, r2t, page_size=1)
-        lp, h, cache = nnx.jit(lambda m, x, i, c: m.target(x, i, c))(m, tokens, pre, cache)
-        le, _, _ = nnx.jit(lambda m, x, i, c: m.target(x, i, c))(m, tokens[:, :3], ext, cache)
+    @nnx.jit
+    def run(m, cache):  # one program per model: prefill, paged extend, the three MTP layers
+        lp, h, cache = m.target(tokens, pre, cache)
+        le, _, _ = m.target(tokens[:, :3], ext, cache)
         drafts = []
         for s in range(3):
-            ld, h, _ = nnx.jit(lambda m, h, x, i, c, s=s: m.draft(s, h, x, i, c))(m, h, tokens, pre, None)
+            ld, h, _ = m.draft(s, h, tokens, pre, None)
             drafts.append(ld)
-        outs.append([lp, le] + drafts)
+        return [lp, le] + drafts
+
+    outs = [run(m, init_cache(view.cfg.num_layers, view.cfg, r2t, page_size=1)) for m in (old, view)]
     for a, b_ in zip(*outs):
         np.testing.assert_allclose(np.asarray(b_), np.asarray(a), rtol=1e-6, atol=1e-6)
         np.testing.assert_array_equal(np.argmax(b_, -1), np.argmax(a, -1))
@@ -242,8 +243,8 @@ def test_from_tiny_pair_roundtrip():
     model = from_tiny_pair(pair)
     tok = jnp.array([[1, 2, 3]], jnp.int32)
     inp = ForwardInputs(jnp.arange(3, dtype=jnp.int32)[None], causal_mask(1, 3))
-    a = pair.target(tok, inp, None)[0]
-    b = model.forward(tok, _causal_meta(1, 3), None)[0]
+    a = nnx.jit(lambda m, t, i: m.target(t, i, None))(pair, tok, inp)[0]
+    b = _fwd(model, tok, _causal_meta(1, 3), None)[0]
     np.testing.assert_allclose(b, a, rtol=1e-6, atol=1e-6)
 
 

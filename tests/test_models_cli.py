@@ -30,6 +30,7 @@ def test_train_tiny_requires_out():
     assert r.returncode == 2 and "--out" in r.stderr
 
 
+@pytest.mark.slow  # compiles the training step (~20-50 s on a shared CPU)
 def test_train_tiny_writes_loadable_checkpoint(tmp_path):
     from jaxspec import train_tiny
     from jaxspec.models import load_pair

@@ -16,6 +16,7 @@ import json
 import os
 
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from jaxspec.models.config import DecoderConfig
@@ -99,8 +100,8 @@ def load_weights(model: Decoder, path: str, *, strict: bool = True) -> Decoder:
                 found = tuple(f.get_slice(name).get_shape())
                 if found != want:
                     raise ValueError(f"{path}: tensor {name}: expected shape {want}, found {found}")
-                arr = f.get_tensor(name)
-                var.set_value((arr.T if transpose else arr).astype(model.param_dtype))
+                arr = np.asarray(f.get_tensor(name))  # bf16 arrives as an ml_dtypes array: host-side transpose/cast
+                var.set_value(jnp.asarray((arr.T if transpose else arr).astype(model.param_dtype)))
     return model
 
 
@@ -119,10 +120,12 @@ def load_model(path: str, *, param_dtype=jnp.float32, kv_dtype=None, mtp: bool |
             raise ValueError(f"{path}: mtp=True but config.json has no num_nextn_predict_layers")
         if aux_layers is not None:
             raise ValueError("aux_layers: an MTPModel's hidden is the last pre-norm hidden; pass mtp=False")
-        model = MTPModel(cfg, rngs=nnx.Rngs(0), param_dtype=param_dtype, kv_dtype=kv_dtype)
+        make = lambda: MTPModel(cfg, rngs=nnx.Rngs(0), param_dtype=param_dtype, kv_dtype=kv_dtype)  # noqa: E731
     else:
-        model = Decoder(cfg, rngs=nnx.Rngs(0), param_dtype=param_dtype, kv_dtype=kv_dtype, aux_layers=aux_layers)
-    return load_weights(model, path)
+        make = lambda: Decoder(cfg, rngs=nnx.Rngs(0), param_dtype=param_dtype, kv_dtype=kv_dtype,  # noqa: E731
+                               aux_layers=aux_layers)
+    # Shapes only (no random initialisation): every parameter is then set from the checkpoint.
+    return load_weights(nnx.eval_shape(make), path)
 
 
 def save_model(model: Decoder, path: str, *, dtype=None, metadata: dict | None = None) -> None:
