@@ -6,7 +6,7 @@ paged attention through a shuffled page table) -- and compares, on random prompt
 
 * the prompt logits: ``max |jax - hf| <= rtol * max |hf|`` (default ``rtol = 1e-4``). Both sides compute the
   same f32 graph; they differ only in summation order and in how RoPE frequencies are rounded, which moves
-  logits by a few f32 ulps per layer (observed 2-4e-7 relative on the test models). 1e-4 leaves ~100x
+  logits by a few f32 ulps per layer (observed 2-4e-7 relative on the test models). 1e-4 leaves >100x
   headroom for deeper models while any layout error (a dropped bias, the wrong RoPE half, a wrong norm
   epsilon, an untied head) moves logits by 1e-2 or more;
 * the greedy continuations: ``--new-tokens`` tokens, identical token for token (jaxspec decodes one token

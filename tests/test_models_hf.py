@@ -76,3 +76,12 @@ def test_cli_exit_status(tmp_path, capsys, monkeypatch):
     (tmp_path / "bad" / "config.json").write_text('{"model_type": "gpt2"}')
     assert main([str(tmp_path / "bad")]) == 2
     assert "model_type" in capsys.readouterr().err
+
+
+def test_shipped_pair_target_matches_transformers():
+    """The shipped tiny pair's config.json and tensors are a valid transformers Llama (its MTP layers are
+    extra tensors transformers ignores); its target runs the same in both frameworks."""
+    from jaxspec.models import DEFAULT_WEIGHTS
+
+    res = check_model(DEFAULT_WEIGHTS, batch=2, prompt_len=8, new_tokens=32)
+    assert res.logits_ok and res.greedy_ok, (res.max_abs_diff, res.logit_scale)

@@ -87,6 +87,8 @@ class DecoderConfig:
                              f"num_key_value_heads ({self.num_key_value_heads})")
         if self.head_dim % 2:
             raise ValueError(f"DecoderConfig.head_dim must be even (RoPE), got {self.head_dim}")
+        if self.model_type == "qwen2" and not self.attention_bias:
+            raise ValueError("DecoderConfig: model_type 'qwen2' always has q/k/v biases (attention_bias=True)")
         if self.rope_scaling is not None:
             d = dict(self.rope_scaling)
             missing = {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"} - set(d)
@@ -157,4 +159,5 @@ def _rope_scaling(hf: dict):
     missing = [k for k in keys if k not in rs]
     if missing:
         raise ValueError(f"config.json rope_scaling: Llama-3 scaling needs {missing}, got {rs!r}")
-    return tuple(sorted([("rope_type", "llama3")] + [(k, float(rs[k])) for k in keys]))
+    vals = [(k, int(rs[k]) if k == "original_max_position_embeddings" else float(rs[k])) for k in keys]
+    return tuple(sorted([("rope_type", "llama3")] + vals))
