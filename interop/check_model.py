@@ -51,7 +51,8 @@ def _hf_model(path: str):
     import torch
     import transformers
 
-    kw = {"dtype": torch.float32} if int(transformers.__version__.split(".")[0]) >= 5 else {"torch_dtype": torch.float32}
+    major = int(transformers.__version__.split(".")[0])
+    kw = {"dtype": torch.float32} if major >= 5 else {"torch_dtype": torch.float32}
     return transformers.AutoModelForCausalLM.from_pretrained(path, **kw).eval()
 
 

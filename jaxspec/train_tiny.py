@@ -2,10 +2,10 @@
 
 ``python -m jaxspec.train_tiny --out DIR [--steps 3000] [--batch 64]``: ~70 s on one H200 (the shipped
 ``jaxspec/assets/tiny_pair``: target / MTP top-1 accuracy 0.92 / 0.93-0.94); on CPU use e.g. ``--steps 600
---batch 32`` (a few minutes). ``DIR`` gets ``config.json`` + ``model.safetensors`` (``jaxspec.models.checkpoint``'s layout, float32:
-the loaded model is exactly the trained one); load it with ``jaxspec.models.load_pair(DIR)`` or
-``python -m jaxspec.demo --weights DIR``. Losses: target next-token
-cross-entropy, plus for MTP layer ``s`` the next-``(s+2)``-token cross-entropy given the previous layer's
+--batch 32`` (a few minutes). ``DIR`` gets ``config.json`` + ``model.safetensors``
+(``jaxspec.models.checkpoint``'s layout, float32: the loaded model is exactly the trained one); load it
+with ``jaxspec.models.load_pair(DIR)`` or ``python -m jaxspec.demo --weights DIR``. Losses: target
+next-token cross-entropy, plus for MTP layer ``s`` the next-``(s+2)``-token cross-entropy given the previous layer's
 hidden state (target hidden for ``s == 0``) and the embedding of token ``p + s + 1``.
 """
 

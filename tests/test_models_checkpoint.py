@@ -123,7 +123,8 @@ def test_save_load_roundtrip(tmp_path, cfg):
     other = load_model(str(tmp_path), kv_dtype=jnp.float32)
     assert type(other) is type(model) and other.cfg == cfg
     tok = jnp.array([[1, 2, 3, 4]], jnp.int32)
-    np.testing.assert_array_equal(_fwd(model, tok, _causal_meta(1, 4), None)[0], _fwd(other, tok, _causal_meta(1, 4), None)[0])
+    meta = _causal_meta(1, 4)
+    np.testing.assert_array_equal(_fwd(model, tok, meta, None)[0], _fwd(other, tok, meta, None)[0])
 
 
 def _rewrite(path, fn):
@@ -165,7 +166,8 @@ def test_sharded_checkpoint(tmp_path):
     (tmp_path / "model.safetensors.index.json").write_text(json.dumps(index))
     other = load_model(str(tmp_path), kv_dtype=jnp.float32)
     tok = jnp.array([[5, 6, 7]], jnp.int32)
-    np.testing.assert_array_equal(_fwd(model, tok, _causal_meta(1, 3), None)[0], _fwd(other, tok, _causal_meta(1, 3), None)[0])
+    meta = _causal_meta(1, 3)
+    np.testing.assert_array_equal(_fwd(model, tok, meta, None)[0], _fwd(other, tok, meta, None)[0])
 
 
 @pytest.mark.parametrize("change, match", [
@@ -253,4 +255,5 @@ def test_add_mtp_layers_keeps_target():
     model = add_mtp_layers(target, 3, rngs=nnx.Rngs(8))
     assert model.num_mtp_layers == 3
     tok = jnp.array([[1, 2, 3]], jnp.int32)
-    np.testing.assert_array_equal(_fwd(model, tok, _causal_meta(1, 3), None)[0], _fwd(target, tok, _causal_meta(1, 3), None)[0])
+    meta = _causal_meta(1, 3)
+    np.testing.assert_array_equal(_fwd(model, tok, meta, None)[0], _fwd(target, tok, meta, None)[0])

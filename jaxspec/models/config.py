@@ -79,9 +79,11 @@ class DecoderConfig:
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ValueError(f"DecoderConfig.{name} must be a positive int, got {v!r}")
         if not isinstance(self.num_nextn_predict_layers, int) or self.num_nextn_predict_layers < 0:
-            raise ValueError(f"DecoderConfig.num_nextn_predict_layers must be an int >= 0, got {self.num_nextn_predict_layers!r}")
+            raise ValueError("DecoderConfig.num_nextn_predict_layers must be an int >= 0, "
+                             f"got {self.num_nextn_predict_layers!r}")
         if self.model_type not in SUPPORTED_MODEL_TYPES:
-            raise ValueError(f"DecoderConfig.model_type: expected one of {SUPPORTED_MODEL_TYPES}, got {self.model_type!r}")
+            raise ValueError(f"DecoderConfig.model_type: expected one of {SUPPORTED_MODEL_TYPES}, "
+                             f"got {self.model_type!r}")
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError(f"DecoderConfig: num_attention_heads ({self.num_attention_heads}) must be a multiple of "
                              f"num_key_value_heads ({self.num_key_value_heads})")
@@ -126,7 +128,8 @@ class DecoderConfig:
 
     def to_hf(self) -> dict:
         """The ``config.json`` dict ``from_hf`` reads back (and transformers' ``AutoConfig`` understands)."""
-        arch = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "mistral": "MistralForCausalLM"}[self.model_type]
+        arch = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
+                "mistral": "MistralForCausalLM"}[self.model_type]
         d = {
             "architectures": [arch], "model_type": self.model_type, "hidden_act": "silu",
             "vocab_size": self.vocab_size, "hidden_size": self.hidden_size, "intermediate_size": self.intermediate_size,

@@ -67,7 +67,8 @@ def rope_inv_freq(cfg: DecoderConfig) -> jax.Array:
     if cfg.rope_scaling is None:
         return inv
     rs = dict(cfg.rope_scaling)
-    factor, lo, hi, ctx = rs["factor"], rs["low_freq_factor"], rs["high_freq_factor"], rs["original_max_position_embeddings"]
+    factor, lo, hi = rs["factor"], rs["low_freq_factor"], rs["high_freq_factor"]
+    ctx = rs["original_max_position_embeddings"]
     wavelen = 2 * np.pi / inv
     scaled = jnp.where(wavelen > ctx / lo, inv / factor, inv)
     smooth = (ctx / wavelen - lo) / (hi - lo)
@@ -172,7 +173,8 @@ class Decoder(nnx.Module):
         self.embed_tokens = nnx.Param(jax.random.normal(rngs.params(), (cfg.vocab_size, d), _F32).astype(param_dtype))
         self.layers = nnx.List([DecoderLayer(cfg, dtype=param_dtype, rngs=rngs) for _ in range(cfg.num_hidden_layers)])
         self.norm = RMSNorm(d, cfg.rms_norm_eps, param_dtype)
-        self.lm_head = None if cfg.tie_word_embeddings else Linear(d, cfg.vocab_size, bias=False, dtype=param_dtype, rngs=rngs)
+        self.lm_head = (None if cfg.tie_word_embeddings
+                        else Linear(d, cfg.vocab_size, bias=False, dtype=param_dtype, rngs=rngs))
 
     @property
     def vocab_size(self) -> int:
