@@ -257,3 +257,23 @@ def test_add_mtp_layers_keeps_target():
     tok = jnp.array([[1, 2, 3]], jnp.int32)
     meta = _causal_meta(1, 3)
     np.testing.assert_array_equal(_fwd(model, tok, meta, None)[0], _fwd(target, tok, meta, None)[0])
+
+
+def test_attention_shape_errors():
+    from jaxspec.models.attention import paged_attention_reference
+
+    q = jnp.zeros((2, 3, 4, 8))
+    kv = jnp.zeros((2, 3, 2, 8))
+    pool = jnp.zeros((16, 2, 8))
+    args = dict(q=q, k_new=kv, v_new=kv, k_pool=pool, v_pool=pool, page_table=jnp.zeros((2, 4), jnp.int32),
+                prefix_lens=jnp.zeros((2,), jnp.int32), qmask=jnp.ones((2, 3, 3), bool))
+    out = paged_attention_reference(**args, page_size=4, sm_scale=0.5)
+    assert out.shape == (2, 3, 4, 8)
+    for name, bad in [("v_pool", jnp.zeros((16, 2, 4))), ("prefix_lens", jnp.zeros((3,), jnp.int32)),
+                      ("qmask", jnp.ones((2, 3, 2), bool)), ("v_new", jnp.zeros((2, 3, 3, 8)))]:
+        with pytest.raises(ValueError, match=name):
+            paged_attention_reference(**{**args, name: bad}, page_size=4, sm_scale=0.5)
+    kv3, pool3 = jnp.zeros((2, 3, 3, 8)), jnp.zeros((16, 3, 8))  # 4 query heads over 3 KV heads
+    with pytest.raises(ValueError, match="multiple of k_new heads"):
+        paged_attention_reference(**{**args, "k_new": kv3, "v_new": kv3, "k_pool": pool3, "v_pool": pool3},
+                                  page_size=4, sm_scale=0.5)

@@ -23,9 +23,20 @@ def paged_attention_reference(q, k_new, v_new, k_pool, v_pool, page_table, prefi
     (fresh-to-fresh visibility, row = query). Scores, softmax and the weighted sum run in float32 whatever
     the input dtypes; the prefix gathered is ``P * page_size`` wide (positions past ``prefix_lens`` masked).
     """
+    if q.ndim != 4:
+        raise ValueError(f"q: expected [B, Q, Hq, E], got shape {q.shape}")
     b, nq, hq, e = q.shape
-    hkv = k_new.shape[2]
-    if hq % hkv:
+    hkv = k_new.shape[2] if k_new.ndim == 4 else -1
+    expect = {
+        "k_new": (k_new, (b, nq, hkv, e)), "v_new": (v_new, (b, nq, hkv, e)),
+        "k_pool": (k_pool, (k_pool.shape[0], hkv, e)), "v_pool": (v_pool, k_pool.shape),
+        "page_table": (page_table, (b, page_table.shape[-1])), "prefix_lens": (prefix_lens, (b,)),
+        "qmask": (qmask, (b, nq, nq)),
+    }
+    for name, (x, shape) in expect.items():
+        if tuple(x.shape) != tuple(shape):
+            raise ValueError(f"{name}: expected shape {tuple(shape)} (q is {q.shape}), got {tuple(x.shape)}")
+    if hkv < 1 or hq % hkv:
         raise ValueError(f"q heads ({hq}) must be a multiple of k_new heads ({hkv})")
     f32 = jnp.float32
     qg = q.astype(f32).reshape(b, nq, hkv, hq // hkv, e) * sm_scale
