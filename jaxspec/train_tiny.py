@@ -1,9 +1,11 @@
-"""Train the tiny target + MTP draft on the repo's corpus and save ``jaxspec/assets/tiny_pair.npz``.
+"""Train the tiny target + MTP draft on the repo's corpus and save it as a checkpoint directory.
 
-``python -m jaxspec.train_tiny [--steps 3000] [--batch 64] [--out PATH]``: ~70 s on one H200 (the shipped
-asset: target / MTP top-1 accuracy 0.92 / 0.93-0.94); on CPU use e.g. ``--steps 600 --batch 32`` (a few minutes).
-Weights are stored as float16 (< 2 MB) and loaded as float32. Losses: target next-token
-cross-entropy, plus for MTP layer ``s`` the next-``(s+2)``-token cross-entropy given the previous layer's
+``python -m jaxspec.train_tiny --out DIR [--steps 3000] [--batch 64]``: ~70 s on one H200 (the shipped
+``jaxspec/assets/tiny_pair``: target / MTP top-1 accuracy 0.92 / 0.93-0.94); on CPU use e.g. ``--steps 600
+--batch 32`` (a few minutes). ``DIR`` gets ``config.json`` + ``model.safetensors``
+(``jaxspec.models.checkpoint``'s layout, float32: the loaded model is exactly the trained one); load it
+with ``jaxspec.models.load_pair(DIR)`` or ``python -m jaxspec.demo --weights DIR``. Losses: target
+next-token cross-entropy, plus for MTP layer ``s`` the next-``(s+2)``-token cross-entropy given the previous layer's
 hidden state (target hidden for ``s == 0``) and the embedding of token ``p + s + 1``.
 """
 
@@ -18,33 +20,37 @@ from flax import nnx
 from tqdm import tqdm
 
 from jaxspec.corpus import make_stream
-from jaxspec.models import ForwardInputs, MockVocab, ModelConfig, TinyPair, causal_mask, save_pair
-from jaxspec.models.io import DEFAULT_WEIGHTS
+from jaxspec.models import MockVocab, ModelConfig, causal_mask, save_pair
+from jaxspec.models.io import decoder_config
+from jaxspec.models.mtp import MTPModel
+from jaxspec.protocols import AttentionMetadata
 
 
-def losses(model: TinyPair, seqs: jax.Array, ctx: int):
-    """Per-head mean cross-entropies. ``seqs: i32[B, ctx + S + 1]``; returns ``f32[1 + S]``."""
-    b = seqs.shape[0]
-    s_layers = model.cfg.num_mtp_layers
+def _dense_meta(b: int, ctx: int) -> AttentionMetadata:
+    """A causal forward over ``ctx`` fresh tokens with no cache (training)."""
     pos = jnp.broadcast_to(jnp.arange(ctx, dtype=jnp.int32)[None], (b, ctx))
-    inp = ForwardInputs(positions=pos, qmask=causal_mask(b, ctx))
-    logits, h, _ = model.target(seqs[:, :ctx], inp, None)
+    return AttentionMetadata(positions=pos, qmask=causal_mask(b, ctx), prefix_lens=jnp.zeros((b,), jnp.int32),
+                             page_table=jnp.zeros((b, 0), jnp.int32))
+
+
+def losses(model: MTPModel, seqs: jax.Array, ctx: int):
+    """Per-head mean cross-entropies. ``seqs: i32[B, ctx + S + 1]``; returns ``f32[1 + S]``."""
+    inp = _dense_meta(seqs.shape[0], ctx)
+    logits, h, _ = model.forward(seqs[:, :ctx], inp, None)
     out = [optax.softmax_cross_entropy_with_integer_labels(logits, seqs[:, 1 : ctx + 1]).mean()]
-    for s in range(s_layers):
-        logits, h, _ = model.draft(s, h, seqs[:, s + 1 : s + 1 + ctx], inp, None)
+    for s in range(model.num_mtp_layers):
+        logits, h, _ = model.mtp_forward(s, h, seqs[:, s + 1 : s + 1 + ctx], inp, None)
         out.append(optax.softmax_cross_entropy_with_integer_labels(logits, seqs[:, s + 2 : s + 2 + ctx]).mean())
     return jnp.stack(out)
 
 
-def accuracies(model: TinyPair, seqs: jax.Array, ctx: int):
+def accuracies(model: MTPModel, seqs: jax.Array, ctx: int):
     """Greedy top-1 accuracy per head (target, MTP 0..S-1)."""
-    b = seqs.shape[0]
-    pos = jnp.broadcast_to(jnp.arange(ctx, dtype=jnp.int32)[None], (b, ctx))
-    inp = ForwardInputs(positions=pos, qmask=causal_mask(b, ctx))
-    logits, h, _ = model.target(seqs[:, :ctx], inp, None)
+    inp = _dense_meta(seqs.shape[0], ctx)
+    logits, h, _ = model.forward(seqs[:, :ctx], inp, None)
     acc = [jnp.mean((jnp.argmax(logits, -1) == seqs[:, 1 : ctx + 1]).astype(jnp.float32))]
-    for s in range(model.cfg.num_mtp_layers):
-        logits, h, _ = model.draft(s, h, seqs[:, s + 1 : s + 1 + ctx], inp, None)
+    for s in range(model.num_mtp_layers):
+        logits, h, _ = model.mtp_forward(s, h, seqs[:, s + 1 : s + 1 + ctx], inp, None)
         acc.append(jnp.mean((jnp.argmax(logits, -1) == seqs[:, s + 2 : s + 2 + ctx]).astype(jnp.float32)))
     return jnp.stack(acc)
 
@@ -52,7 +58,7 @@ def accuracies(model: TinyPair, seqs: jax.Array, ctx: int):
 def train(cfg: ModelConfig, *, steps: int, batch: int, ctx: int, lr: float, seed: int):
     vocab = MockVocab(vocab_size=cfg.vocab_size)
     data = vocab.encode(make_stream(seed=seed))
-    model = TinyPair(cfg, nnx.Rngs(seed))
+    model = MTPModel(decoder_config(cfg), rngs=nnx.Rngs(seed), kv_dtype=jnp.float32)
     graphdef, params = nnx.split(model, nnx.Param)
     sched = optax.warmup_cosine_decay_schedule(0.0, lr, min(100, steps // 10 + 1), steps, lr * 0.05)
     opt = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(sched, weight_decay=0.01))
@@ -83,20 +89,31 @@ def train(cfg: ModelConfig, *, steps: int, batch: int, ctx: int, lr: float, seed
     return model, acc
 
 
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="python -m jaxspec.train_tiny",
+        description="Train the tiny target + MTP draft pair on the repo's corpus and save it as a checkpoint "
+                    "directory (config.json + model.safetensors) at --out.",
+    )
+    ap.add_argument("--out", required=True, metavar="DIR",
+                    help="checkpoint directory to write (created; never defaults into the installed package)")
+    ap.add_argument("--steps", type=int, default=3000, help="optimizer steps (default: %(default)s)")
+    ap.add_argument("--batch", type=int, default=64, help="sequences per step (default: %(default)s)")
+    ap.add_argument("--ctx", type=int, default=64, help="context length of a training sequence (default: %(default)s)")
+    ap.add_argument("--lr", type=float, default=3e-3,
+                    help="peak AdamW learning rate, warmup + cosine decay (default: %(default)s)")
+    ap.add_argument("--seed", type=int, default=0,
+                    help="seed of the initialisation, corpus and batches (default: %(default)s)")
+    return ap
+
+
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=3000)
-    ap.add_argument("--batch", type=int, default=64)
-    ap.add_argument("--ctx", type=int, default=64)
-    ap.add_argument("--lr", type=float, default=3e-3)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", default=DEFAULT_WEIGHTS)
-    args = ap.parse_args(argv)
+    args = _parser().parse_args(argv)
     cfg = ModelConfig()
     t0 = time.time()
     model, acc = train(cfg, steps=args.steps, batch=args.batch, ctx=args.ctx, lr=args.lr, seed=args.seed)
     print(f"trained in {time.time() - t0:.0f}s; top-1 accuracy target / MTP layers: {np.round(acc, 3).tolist()}")
-    save_pair(model, args.out, dtype=np.float16, steps=args.steps, accuracy=[float(a) for a in acc])
+    save_pair(model, args.out, steps=args.steps, accuracy=[float(a) for a in acc])
     print(f"saved {args.out}")
 
 

@@ -109,7 +109,7 @@ def test_mtp_shares_embedding_and_head():
 
 def test_save_load_roundtrip(tmp_path):
     model = TinyPair(CFG, nnx.Rngs(5))
-    path = str(tmp_path / "pair.npz")
+    path = str(tmp_path / "pair")
     save_pair(model, path, note="x")
     other = load_pair(path)
     assert other.cfg == CFG
@@ -122,7 +122,7 @@ def test_shipped_weights():
     assert model.cfg.num_mtp_layers >= 3
     import os
 
-    assert os.path.getsize(DEFAULT_WEIGHTS) < 2 * 1024 * 1024
+    assert os.path.getsize(os.path.join(DEFAULT_WEIGHTS, "model.safetensors")) < 20 * 1024 * 1024
 
 
 def test_mock_vocab():

@@ -21,6 +21,6 @@ step() {  # step <description> <command...>: run quietly, print the log's tail o
 }
 step "pip upgrade" .venv/bin/python -m pip install -q --upgrade pip
 # torch 2.13.0 (CPU) is the interop torch on the dev/CI machines; pinning it keeps pip from pulling a CUDA build.
-step "install" .venv/bin/python -m pip install -q -e ".[test,interop,bench]" "torch==2.13.0" "triton==3.7.1"
+step "install" .venv/bin/python -m pip install -q -e ".[test,interop,bench,hf]" "torch==2.13.0" "triton==3.7.1"
 step "fetch originals" .venv/bin/python -m jaxspec.interop.fetch
 echo "setup: .venv ready ($(.venv/bin/python -c 'import jax, jaxspec; print("jax", jax.__version__)')), originals in .originals/"

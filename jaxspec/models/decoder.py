@@ -1,0 +1,231 @@
+"""Llama-family decoder (Llama 2/3, Qwen2/2.5, Mistral) in Flax NNX: the jaxspec ``TargetModel``.
+
+RMSNorm, RoPE (``rope_theta``, optional Llama-3 ``rope_scaling``), GQA, SwiGLU, optional q/k/v bias (Qwen2)
+and tied embeddings. Parameters keep the Hugging Face module names (``embed_tokens``, ``layers[i].self_attn
+.q_proj``, ``mlp.gate_proj``, ``input_layernorm``, ``norm``, ``lm_head``) with kernels stored ``[in, out]``;
+``jaxspec.models.checkpoint`` maps them to and from safetensors.
+
+Precision: weights in ``param_dtype`` (f32 or bf16); the residual stream, norms, RoPE, attention softmax and
+every matmul accumulation run in float32 (matmul inputs are cast to the weight dtype). The KV pool dtype
+is ``kv_dtype`` (default bf16 on GPU, f32 on CPU). Attention is ``jaxspec.models.attention.ATTENTION``.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jaxspec.models import attention
+from jaxspec.models.config import DecoderConfig
+from jaxspec.protocols import AttentionMetadata, PagedKVCache
+
+_F32 = jnp.float32
+
+
+def default_kv_dtype():
+    """bf16 on GPU/TPU, f32 on CPU (where bf16 arithmetic is emulated and slow)."""
+    return _F32 if jax.default_backend() == "cpu" else jnp.bfloat16
+
+
+def _bcast(w, ndim: int):
+    """A ``[D]`` vector shaped to broadcast over ``[..., D]`` (rank promotion is an error in this project)."""
+    return w.reshape((1,) * (ndim - 1) + (-1,))
+
+
+def _init(rngs: nnx.Rngs, shape, fan_in: int, dtype) -> nnx.Param:
+    return nnx.Param((jax.random.normal(rngs.params(), shape, _F32) * (fan_in**-0.5)).astype(dtype))
+
+
+class Linear(nnx.Module):
+    """``x @ kernel (+ bias)``, kernel ``[in, out]``; inputs cast to the kernel dtype, f32 accumulation."""
+
+    def __init__(self, fan_in: int, fan_out: int, *, bias: bool, dtype, rngs: nnx.Rngs):
+        self.kernel = _init(rngs, (fan_in, fan_out), fan_in, dtype)
+        self.bias = nnx.Param(jnp.zeros((fan_out,), dtype)) if bias else None
+
+    def __call__(self, x):
+        w = self.kernel[...]
+        y = jnp.einsum("...d,df->...f", x.astype(w.dtype), w, precision=attention.PREC, preferred_element_type=_F32)
+        return y if self.bias is None else y + _bcast(self.bias[...].astype(_F32), y.ndim)
+
+
+class RMSNorm(nnx.Module):
+    def __init__(self, dim: int, eps: float, dtype):
+        self.weight = nnx.Param(jnp.ones((dim,), dtype))
+        self.eps = eps
+
+    def __call__(self, x):
+        x = x.astype(_F32)
+        var = jnp.mean(x * x, axis=-1, keepdims=True)
+        return x * jax.lax.rsqrt(var + self.eps) * _bcast(self.weight[...].astype(_F32), x.ndim)
+
+
+def rope_inv_freq(cfg: DecoderConfig) -> jax.Array:
+    """``f32[E/2]`` RoPE frequencies ``theta^(-2i/E)``, with Llama-3 ``rope_scaling`` applied when set."""
+    half = cfg.head_dim // 2
+    inv = cfg.rope_theta ** (-jnp.arange(half, dtype=_F32) / half)
+    if cfg.rope_scaling is None:
+        return inv
+    rs = dict(cfg.rope_scaling)
+    factor, lo, hi = rs["factor"], rs["low_freq_factor"], rs["high_freq_factor"]
+    ctx = rs["original_max_position_embeddings"]
+    wavelen = 2 * np.pi / inv
+    scaled = jnp.where(wavelen > ctx / lo, inv / factor, inv)
+    smooth = (ctx / wavelen - lo) / (hi - lo)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = (wavelen >= ctx / hi) & (wavelen <= ctx / lo)
+    return jnp.where(medium, smoothed, scaled)
+
+
+def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: jax.Array) -> jax.Array:
+    """Rotate-half RoPE. ``x: f32[B, Q, H, E]``, ``positions: i32[B, Q]``."""
+    half = x.shape[-1] // 2
+    ang = positions.astype(_F32)[:, :, None] * inv_freq[None, None, :]
+    cos, sin = jnp.cos(ang)[:, :, None, :], jnp.sin(ang)[:, :, None, :]
+    x1, x2 = x[..., :half], x[..., half:]
+    return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+
+
+class SelfAttention(nnx.Module):
+    def __init__(self, cfg: DecoderConfig, *, dtype, rngs: nnx.Rngs):
+        d, e, hq, hkv = cfg.hidden_size, cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads
+        self.cfg = cfg
+        self.q_proj = Linear(d, hq * e, bias=cfg.attention_bias, dtype=dtype, rngs=rngs)
+        self.k_proj = Linear(d, hkv * e, bias=cfg.attention_bias, dtype=dtype, rngs=rngs)
+        self.v_proj = Linear(d, hkv * e, bias=cfg.attention_bias, dtype=dtype, rngs=rngs)
+        self.o_proj = Linear(hq * e, d, bias=False, dtype=dtype, rngs=rngs)
+
+    def __call__(self, x, meta: AttentionMetadata, cache: PagedKVCache | None, layer: int):
+        cfg = self.cfg
+        b, nq, _ = x.shape
+        e, hkv = cfg.head_dim, cfg.num_key_value_heads
+        inv_freq = rope_inv_freq(cfg)
+        q = apply_rope(self.q_proj(x).reshape(b, nq, cfg.num_attention_heads, e), meta.positions, inv_freq)
+        k = apply_rope(self.k_proj(x).reshape(b, nq, hkv, e), meta.positions, inv_freq)
+        v = self.v_proj(x).reshape(b, nq, hkv, e)
+        if cache is None:  # dense forward (training, tests): no prefix, nothing written
+            pool, table = k.reshape(b * nq, hkv, e), meta.page_table[:, :0]
+            out = attention.ATTENTION(q, k, v, pool, pool, table, meta.prefix_lens, meta.qmask,
+                                      page_size=meta.page_size, sm_scale=e**-0.5)
+        else:
+            # Attend first, then write: the prefix (< prefix_lens) never overlaps this forward's write slots.
+            out = attention.ATTENTION(q, k, v, cache.k[layer], cache.v[layer], meta.page_table, meta.prefix_lens,
+                                      meta.qmask, page_size=meta.page_size, sm_scale=e**-0.5)
+            if meta.write_locs is not None:
+                flat = meta.write_locs.reshape(-1)
+                cache = PagedKVCache(
+                    k=cache.k.at[layer, flat].set(k.reshape(b * nq, hkv, e).astype(cache.k.dtype)),
+                    v=cache.v.at[layer, flat].set(v.reshape(b * nq, hkv, e).astype(cache.v.dtype)),
+                    req_to_token=cache.req_to_token,
+                )
+        return self.o_proj(out.reshape(b, nq, -1)), cache
+
+
+class MLP(nnx.Module):
+    def __init__(self, cfg: DecoderConfig, *, dtype, rngs: nnx.Rngs):
+        d, f = cfg.hidden_size, cfg.intermediate_size
+        self.gate_proj = Linear(d, f, bias=False, dtype=dtype, rngs=rngs)
+        self.up_proj = Linear(d, f, bias=False, dtype=dtype, rngs=rngs)
+        self.down_proj = Linear(f, d, bias=False, dtype=dtype, rngs=rngs)
+
+    def __call__(self, x):
+        return self.down_proj(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nnx.Module):
+    def __init__(self, cfg: DecoderConfig, *, dtype, rngs: nnx.Rngs):
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
+        self.self_attn = SelfAttention(cfg, dtype=dtype, rngs=rngs)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
+        self.mlp = MLP(cfg, dtype=dtype, rngs=rngs)
+
+    def __call__(self, x, meta: AttentionMetadata, cache: PagedKVCache | None, layer: int):
+        a, cache = self.self_attn(self.input_layernorm(x), meta, cache, layer)
+        x = x + a
+        return x + self.mlp(self.post_attention_layernorm(x)), cache
+
+
+class Decoder(nnx.Module):
+    """A Llama-family decoder implementing ``jaxspec.protocols.TargetModel``.
+
+    Args:
+      cfg: the ``DecoderConfig`` (``DecoderConfig.from_hf(config_json)`` for a Hugging Face checkpoint).
+      param_dtype: weight dtype (``jnp.float32`` or ``jnp.bfloat16``).
+      kv_dtype: KV pool dtype; ``None``: ``default_kv_dtype()`` (bf16 on GPU, f32 on CPU).
+      aux_layers: ``None``: ``hidden`` is the last layer's pre-norm output (``feature_size = D``, MTP);
+        a tuple of layer indices: ``hidden`` concatenates the residual stream *entering* each of those layers
+        (SGLang's EAGLE-3 capture points; index ``L`` is the final pre-norm output), ``feature_size = len * D``.
+    """
+
+    def __init__(self, cfg: DecoderConfig, *, rngs: nnx.Rngs, param_dtype=_F32, kv_dtype=None,
+                 aux_layers: tuple[int, ...] | None = None):
+        if aux_layers is not None:
+            aux_layers = tuple(int(i) for i in aux_layers)
+            if (not aux_layers or any(not 0 <= i <= cfg.num_hidden_layers for i in aux_layers)
+                    or list(aux_layers) != sorted(set(aux_layers))):
+                raise ValueError(f"aux_layers: expected a non-empty increasing tuple of layer indices in [0, "
+                                 f"{cfg.num_hidden_layers}], got {aux_layers}")
+        d = cfg.hidden_size
+        self.cfg = cfg
+        self.param_dtype = jnp.dtype(param_dtype)
+        self.kv_dtype = jnp.dtype(default_kv_dtype() if kv_dtype is None else kv_dtype)
+        self.aux_layers = aux_layers
+        self.embed_tokens = nnx.Param(jax.random.normal(rngs.params(), (cfg.vocab_size, d), _F32).astype(param_dtype))
+        self.layers = nnx.List([DecoderLayer(cfg, dtype=param_dtype, rngs=rngs) for _ in range(cfg.num_hidden_layers)])
+        self.norm = RMSNorm(d, cfg.rms_norm_eps, param_dtype)
+        self.lm_head = (None if cfg.tie_word_embeddings
+                        else Linear(d, cfg.vocab_size, bias=False, dtype=param_dtype, rngs=rngs))
+
+    @property
+    def vocab_size(self) -> int:
+        return self.cfg.vocab_size
+
+    @property
+    def feature_size(self) -> int:
+        return self.cfg.hidden_size * (1 if self.aux_layers is None else len(self.aux_layers))
+
+    def _pool(self, num_layers: int, req_to_token, num_slots: int) -> PagedKVCache:
+        r2t = jnp.asarray(req_to_token, jnp.int32)
+        if r2t.ndim != 2:
+            raise ValueError(f"req_to_token: expected i32[R, W], got shape {r2t.shape}")
+        w = self.cfg.sliding_window
+        if w is not None and r2t.shape[1] > w:
+            raise ValueError(f"req_to_token: width {r2t.shape[1]} exceeds the model's sliding_window {w}; "
+                             "sliding-window attention is not implemented (use a max context <= the window)")
+        shape = (num_layers, int(num_slots), self.cfg.num_key_value_heads, self.cfg.head_dim)
+        return PagedKVCache(k=jnp.zeros(shape, self.kv_dtype), v=jnp.zeros(shape, self.kv_dtype), req_to_token=r2t)
+
+    def make_cache(self, req_to_token, num_slots: int) -> PagedKVCache:
+        """A zeroed ``[L, num_slots, Hkv, E]`` pool in ``kv_dtype`` for ``req_to_token (R, W)``."""
+        return self._pool(self.cfg.num_hidden_layers, req_to_token, num_slots)
+
+    def kv_bytes_per_slot(self) -> int:
+        c = self.cfg
+        return 2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * self.kv_dtype.itemsize
+
+    def embed(self, tokens):
+        return self.embed_tokens[...][tokens].astype(_F32)
+
+    def logits(self, h):
+        """Shared head: ``f32[..., V]`` from the pre-norm hidden ``[..., D]``."""
+        x = self.norm(h)
+        if self.lm_head is not None:
+            return self.lm_head(x)
+        w = self.embed_tokens[...]
+        return jnp.einsum("...d,vd->...v", x.astype(w.dtype), w, precision=attention.PREC, preferred_element_type=_F32)
+
+    def forward(self, tokens, meta: AttentionMetadata, cache: PagedKVCache | None):
+        """``tokens i32[B, Q]`` -> ``(logits f32[B, Q, V], hidden f32[B, Q, F], cache)``.
+
+        ``cache=None`` runs a dense forward over the fresh tokens only (``qmask``), writing nothing.
+        """
+        x = self.embed(tokens)
+        aux = []
+        for i, layer in enumerate(self.layers):
+            if self.aux_layers is not None and i in self.aux_layers:
+                aux.append(x)
+            x, cache = layer(x, meta, cache, i)
+        if self.aux_layers is not None and len(self.layers) in self.aux_layers:
+            aux.append(x)
+        hidden = x if self.aux_layers is None else jnp.concatenate(aux, axis=-1)
+        return self.logits(x), hidden, cache

@@ -1,0 +1,78 @@
+"""DeepSeek-V3 multi-token-prediction (MTP) draft layers on a Llama-family decoder: the jaxspec MTP head.
+
+MTP layer ``s`` mirrors the seed ``MTPDraftWorker`` / DeepSeek-V3 MTP module: it takes the pre-norm hidden
+state of the previous position (from the target for ``s == 0``, from MTP layer ``s - 1`` after that) and the
+embedding of the *next* token, RMS-normalises both, projects ``[enorm(emb), hnorm(h)]`` from ``2D`` to ``D``
+(``eh_proj``), runs one decoder block with its own KV (layer ``s`` of the draft cache), and reuses the
+target's embedding, final norm and LM head. ``MTPModel`` is the target with its MTP layers in one module,
+so the shared weights exist once; it implements both ``TargetModel`` and the MTP head interface.
+"""
+
+import jax.numpy as jnp
+from flax import nnx
+
+from jaxspec.models.config import DecoderConfig
+from jaxspec.models.decoder import Decoder, DecoderLayer, Linear, RMSNorm
+from jaxspec.protocols import AttentionMetadata, PagedKVCache
+
+
+class MTPLayer(nnx.Module):
+    """``block(eh_proj([enorm(embed(next token)), hnorm(h_prev)]))`` (DeepSeek-V3 tensor names)."""
+
+    def __init__(self, cfg: DecoderConfig, *, dtype, rngs: nnx.Rngs):
+        d = cfg.hidden_size
+        self.enorm = RMSNorm(d, cfg.rms_norm_eps, dtype)
+        self.hnorm = RMSNorm(d, cfg.rms_norm_eps, dtype)
+        self.eh_proj = Linear(2 * d, d, bias=False, dtype=dtype, rngs=rngs)
+        self.block = DecoderLayer(cfg, dtype=dtype, rngs=rngs)
+
+    def __call__(self, h_prev, emb, meta: AttentionMetadata, cache: PagedKVCache | None, layer: int):
+        x = jnp.concatenate([self.enorm(emb), self.hnorm(h_prev)], axis=-1)
+        return self.block(self.eh_proj(x), meta, cache, layer)
+
+
+class MTPModel(Decoder):
+    """A ``Decoder`` (the target) plus ``num_mtp_layers`` MTP draft layers sharing its embedding and head.
+
+    ``num_mtp_layers=None`` takes ``cfg.num_nextn_predict_layers``. ``hidden`` from ``forward`` must be the
+    last pre-norm hidden (``aux_layers`` is not accepted here), since MTP layer 0 consumes it.
+    """
+
+    def __init__(self, cfg: DecoderConfig, *, rngs: nnx.Rngs, param_dtype=jnp.float32, kv_dtype=None,
+                 num_mtp_layers: int | None = None):
+        super().__init__(cfg, rngs=rngs, param_dtype=param_dtype, kv_dtype=kv_dtype)
+        n = cfg.num_nextn_predict_layers if num_mtp_layers is None else num_mtp_layers
+        if not isinstance(n, int) or n < 1:
+            raise ValueError(f"num_mtp_layers: expected an int >= 1 (or cfg.num_nextn_predict_layers >= 1), got {n!r}")
+        self.mtp_layers = nnx.List([MTPLayer(cfg, dtype=param_dtype, rngs=rngs) for _ in range(n)])
+
+    @property
+    def num_mtp_layers(self) -> int:
+        return len(self.mtp_layers)
+
+    def make_draft_cache(self, req_to_token, num_slots: int) -> PagedKVCache:
+        """A zeroed ``[num_mtp_layers, num_slots, Hkv, E]`` pool (layer ``s`` holds MTP layer ``s``'s KV)."""
+        return self._pool(self.num_mtp_layers, req_to_token, num_slots)
+
+    def draft_kv_bytes_per_slot(self) -> int:
+        c = self.cfg
+        return 2 * self.num_mtp_layers * c.num_key_value_heads * c.head_dim * self.kv_dtype.itemsize
+
+    def mtp_forward(self, step: int, h_prev, tokens, meta: AttentionMetadata, cache: PagedKVCache | None):
+        """MTP layer ``step`` (static): ``h_prev [B, Q, D]`` (pre-norm), ``tokens i32[B, Q]`` (the next tokens)
+        -> ``(logits f32[B, Q, V], hidden f32[B, Q, D], cache)``; K/V go to layer ``step`` of ``cache``."""
+        if not 0 <= step < self.num_mtp_layers:
+            raise ValueError(f"step: expected an MTP layer in [0, {self.num_mtp_layers}), got {step}")
+        x, cache = self.mtp_layers[step](h_prev, self.embed(tokens), meta, cache, step)
+        return self.logits(x), x, cache
+
+
+def add_mtp_layers(target: Decoder, num_mtp_layers: int, *, rngs: nnx.Rngs) -> MTPModel:
+    """An ``MTPModel`` with ``target``'s weights and ``num_mtp_layers`` freshly initialised MTP layers (e.g. a
+    checkpoint without MTP weights, to be trained or used as a random drafter in tests)."""
+    if target.aux_layers is not None:
+        raise ValueError("target: an MTP target's hidden must be the last pre-norm hidden (aux_layers=None)")
+    model = MTPModel(target.cfg, rngs=rngs, param_dtype=target.param_dtype, kv_dtype=target.kv_dtype,
+                     num_mtp_layers=num_mtp_layers)
+    nnx.update(model, nnx.state(target, nnx.Param))
+    return model
