@@ -22,14 +22,12 @@ On CPU (``TRITON_INTERPRET=1``) the interpreter miscomputes bf16 ``tl.dot``: run
 """
 
 import functools
-import linecache
 import os
-import sys
 import types
 
 import numpy as np
 
-from jaxspec.interop.originals import SGLANG, original_path, stub_module, verified_bytes
+from jaxspec.interop.originals import SGLANG, exec_verified, stand_in_modules, stub_module
 
 __all__ = [
     "ATTENTION_FILES", "load_attention_originals", "sglang_layout", "extend_call", "decode_call", "run_extend",
@@ -78,32 +76,11 @@ def load_attention_originals() -> types.SimpleNamespace:
         os.environ["TRITON_INTERPRET"] = "1"
     import triton  # noqa: F401
 
-    stand_ins = _stand_ins(torch)
-    names = list(stand_ins) + [f"sglang.kernels.ops.attention.{s}" for s in ("score_mod", "decode_attention",
-                                                                             "extend_attention")]
-    saved = {n: sys.modules.get(n) for n in names}
-    sys.modules.update(stand_ins)
-    loaded = {}
-    try:
-        for stem in ("score_mod", "decode_attention", "extend_attention"):
-            path = f"{_DIR}/{stem}.py"
-            data = verified_bytes(*SGLANG, path)  # PinMismatch / OriginalsMissing before anything runs
-            file = str(original_path(*SGLANG, path))
-            text = data.decode("utf-8")
-            linecache.cache[file] = (len(text), None, text.splitlines(keepends=True), file)  # @triton.jit source
-            priv = f"_jaxspec_originals.sglang_0_5_23.attention_{stem}"
-            mod = types.ModuleType(priv)
-            mod.__file__ = file
-            sys.modules[priv] = mod
-            sys.modules[f"sglang.kernels.ops.attention.{stem}"] = mod  # for the sibling import
-            exec(compile(data, file, "exec"), mod.__dict__)  # noqa: S102 - pinned upstream source
-            loaded[stem] = mod
-    finally:
-        for n, old in saved.items():
-            if old is None:
-                sys.modules.pop(n, None)
-            else:
-                sys.modules[n] = old
+    stems = ("score_mod", "decode_attention", "extend_attention")  # each imports the ones before it
+    siblings = [f"sglang.kernels.ops.attention.{stem}" for stem in stems]
+    with stand_in_modules(_stand_ins(torch), also_restore=siblings):
+        loaded = {stem: exec_verified(*SGLANG, f"{_DIR}/{stem}.py", f"_jaxspec_originals.sglang_0_5_23.attention_{stem}",
+                                      f"sglang.kernels.ops.attention.{stem}") for stem in stems}
     return types.SimpleNamespace(extend_attention_fwd=loaded["extend_attention"].extend_attention_fwd,
                                  decode_attention_fwd=loaded["decode_attention"].decode_attention_fwd)
 

@@ -34,9 +34,9 @@ cheap; ``load_*`` needs both.
 """
 
 import ast
+import contextlib
 import dataclasses
 import functools
-import importlib.util
 import linecache
 import logging
 import os
@@ -280,34 +280,53 @@ def load_file(dist: str, version: str, path: str) -> types.ModuleType:
     return _load_file_at(originals_root(), dist, version, path)
 
 
-@functools.cache
-def _load_file_at(root: pathlib.Path, dist: str, version: str, path: str) -> types.ModuleType:
-    data = verified_bytes(dist, version, path)
-    file = original_path(dist, version, path)
-    _ensure_interpreter_if_no_gpu()
-    import triton  # noqa: F401 - fail here, clearly, if triton is absent
-
-    stand_ins = _stand_ins(dist)
-    saved = {name: sys.modules.get(name) for name in stand_ins}
-    mod_name = f"_jaxspec_originals.{dist.replace('-', '_')}_{version.replace('.', '_')}.{file.stem}"
-    spec = importlib.util.spec_from_file_location(mod_name, file)
-    module = importlib.util.module_from_spec(spec)
-    text = data.decode("utf-8")
-    linecache.cache[str(file)] = (len(text), None, text.splitlines(keepends=True), str(file))
-    sys.modules.update(stand_ins)
-    sys.modules[mod_name] = module
+@contextlib.contextmanager
+def stand_in_modules(modules: dict[str, types.ModuleType], also_restore=()):
+    """Install ``modules`` in ``sys.modules`` for the duration; afterwards restore those names and
+    ``also_restore`` (names the block registers itself) to what they were."""
+    saved = {name: sys.modules.get(name) for name in (*modules, *also_restore)}
+    sys.modules.update(modules)
     try:
-        exec(compile(data, str(file), "exec"), module.__dict__)  # noqa: S102 - pinned upstream source
-    except Exception:
-        sys.modules.pop(mod_name, None)
-        raise
+        yield
     finally:
         for name, old in saved.items():
             if old is None:
                 sys.modules.pop(name, None)
             else:
                 sys.modules[name] = old
+
+
+def exec_verified(dist: str, version: str, path: str, module_name: str, *aliases: str) -> types.ModuleType:
+    """Execute one pinned upstream file as module ``module_name`` (also registered under ``aliases``).
+
+    The bytes executed are the bytes checked against the pin; ``linecache`` is primed with them, so
+    ``@triton.jit``'s source lookup sees the same text. Stand-ins for the file's package imports must be
+    installed by the caller (``stand_in_modules``)."""
+    data = verified_bytes(dist, version, path)  # PinMismatch / OriginalsMissing before anything runs
+    file = str(original_path(dist, version, path))
+    text = data.decode("utf-8")
+    linecache.cache[file] = (len(text), None, text.splitlines(keepends=True), file)
+    module = types.ModuleType(module_name)
+    module.__file__ = file
+    for name in (module_name, *aliases):
+        sys.modules[name] = module
+    try:
+        exec(compile(data, file, "exec"), module.__dict__)  # noqa: S102 - pinned upstream source
+    except Exception:
+        sys.modules.pop(module_name, None)
+        raise
     return module
+
+
+@functools.cache
+def _load_file_at(root: pathlib.Path, dist: str, version: str, path: str) -> types.ModuleType:
+    _ensure_interpreter_if_no_gpu()
+    import triton  # noqa: F401 - fail here, clearly, if triton is absent
+
+    stem = pathlib.PurePosixPath(path).stem
+    mod_name = f"_jaxspec_originals.{dist.replace('-', '_')}_{version.replace('.', '_')}.{stem}"
+    with stand_in_modules(_stand_ins(dist)):
+        return exec_verified(dist, version, path, mod_name)
 
 
 def load(op: str) -> Callable[..., Any]:
