@@ -22,10 +22,7 @@ measured in the same run (``_timing.copy_ceiling_gbps``, bytes read + written); 
 (auto | mosaic | triton); ``--triton`` also times the Pallas-Triton kernel beside it.
 """
 
-import argparse
 import json
-import math
-import os
 import statistics
 import sys
 import time
@@ -35,9 +32,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import _timing  # noqa: E402
-from jaxspec.kernels.paged_attention import (  # noqa: E402
+import _cli
+import _timing
+from jaxspec.kernels.paged_attention import (
     paged_attention,
     paged_attention_reference,
     resolve_attention_implementation,
@@ -133,18 +130,19 @@ def original_time_us(a, n, device="cuda"):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = _cli.parser("attention.py", __doc__)
     p.add_argument("--quick", action="store_true", help="batch 1/64, prefix 4096/16384, N 1/8")
-    p.add_argument("--backend", default="auto", choices=["auto", "mosaic", "triton", "pallas"])
+    p.add_argument("--backend", default="auto", choices=["auto", "mosaic", "triton", "pallas"],
+                   help="which of our kernels to time (auto: Mosaic GPU on Hopper, else Pallas-Triton)")
     p.add_argument("--triton", action="store_true", help="also time the Pallas-Triton kernel")
-    p.add_argument("--no-original", action="store_true")
+    p.add_argument("--no-original", action="store_true", help="skip SGLang's kernels (checked and timed by default)")
     p.add_argument("--no-reference", action="store_true", help="skip timing the jnp reference (still checked)")
-    p.add_argument("--batch", default=None)
-    p.add_argument("--prefix", default=None)
-    p.add_argument("--n", default=None)
-    p.add_argument("--json", default=None)
-    p.add_argument("--png", default=None)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--batch", default=None, help="comma-separated batch sizes (default: the issue's grid)")
+    p.add_argument("--prefix", default=None, help="comma-separated prefix lengths (default: the issue's grid)")
+    p.add_argument("--n", default=None, help="comma-separated query tokens per request (1 decode, 4 chain, 8 tree)")
+    p.add_argument("--json", default=None, help="write the rows as JSON here (rewritten after every row)")
+    p.add_argument("--png", default=None, help="write the plot here")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random pages, lengths, masks and values")
     args = p.parse_args(argv)
     quick = args.quick
     bss = [int(x) for x in (args.batch or ("1,64" if quick else "1,16,64,128")).split(",")]
