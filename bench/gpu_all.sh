@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Everything jaxspec measures and checks on the H200, in one call of the device tool:
 #   run(command="bash bench/gpu_all.sh [parts]", carry=[".originals"])
-# parts (default all): env tests kernels check step decode. All parts together take ~12 minutes, more
-# than one device call allows (10): run them as two calls, e.g. "env tests kernels check" then "step decode".
+# parts (default: env tests kernels check step decode; also attention, attention-quick). All of them take
+# more than one device call allows (10 min): run them as two calls, e.g. "env tests check step" then
+# "env decode attention".
 # Writes logs/JSON/PNG under $OUT (or ./out). Keeps going after a failing part; exit 1 if any failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -22,7 +23,13 @@ run() {  # run NAME TIMEOUT CMD...
 # Offline installs: tvm-ffi (for SGLang's run-time-compiled CUDA kernels) and jaxspec itself.
 whl=$(ls .originals/apache-tvm-ffi-*/*.whl 2>/dev/null | head -1)
 if [ -n "$whl" ]; then $PY -m pip install -q --no-index --no-deps --target /tmp/site "$whl" && export PYTHONPATH=/tmp/site; fi
-$PY -m pip install -q --no-index --no-deps --no-build-isolation -e . >/dev/null 2>&1 || export PYTHONPATH=${PYTHONPATH:-}:$PWD
+# jaxspec.kernels / jaxspec.interop map to the top-level kernels/ and interop/ folders only through the
+# package install; where the image's setuptools cannot build it, assemble the package in a site folder.
+if ! $PY -m pip install -q --no-index --no-deps --no-build-isolation -e . >/dev/null 2>&1; then
+  rm -rf /tmp/jsite && mkdir -p /tmp/jsite && cp -r jaxspec /tmp/jsite/ && cp -r kernels /tmp/jsite/jaxspec/kernels \
+    && cp -r interop /tmp/jsite/jaxspec/interop && export PYTHONPATH=/tmp/jsite${PYTHONPATH:+:$PYTHONPATH}
+  echo "jaxspec from /tmp/jsite (editable install unavailable)"
+fi
 for p in $PARTS; do case $p in
   env) run env 120 $PY -c "import jax, torch, triton, jaxspec, jaxspec.kernels; print(jax.__version__, jax.devices(), torch.__version__, torch.cuda.get_device_name(), triton.__version__); import subprocess; print(subprocess.run(['nvcc','--version'],capture_output=True,text=True).stdout[-80:])" ;;
   tests) run tests 300 $PY -m pytest -q -x -m gpu -p no:cacheprovider tests ;;
