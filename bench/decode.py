@@ -59,7 +59,7 @@ def main(argv=None) -> int:
     modes = args.modes.split(",")
     batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
     model = load_pair(DEFAULT_WEIGHTS)
-    vocab = MockVocab(vocab_size=model.cfg.vocab_size)
+    vocab = MockVocab(vocab_size=model.vocab_size)
     device = str(jax.devices()[0])
 
     def run_once(eng, prompts, mode):

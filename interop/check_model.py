@@ -83,9 +83,8 @@ def jax_greedy(path: str, prompts: np.ndarray, new_tokens: int, *, page_size: in
     import jax.numpy as jnp
     from flax import nnx
 
-    from jaxspec.models.cache import make_req_to_token
     from jaxspec.models.checkpoint import load_model
-    from jaxspec.protocols import AttentionMetadata, page_table_from_req_to_token
+    from jaxspec.protocols import AttentionMetadata, make_req_to_token, page_table_from_req_to_token
 
     model = load_model(path, mtp=False, kv_dtype=jnp.float32)
     b, p = prompts.shape

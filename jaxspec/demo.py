@@ -53,7 +53,7 @@ def main(argv=None) -> int:
     from jaxspec.models import DEFAULT_WEIGHTS, MockVocab, MTPDrafter, load_pair
 
     model = load_pair(args.weights or DEFAULT_WEIGHTS)
-    vocab = MockVocab(vocab_size=model.cfg.vocab_size)
+    vocab = MockVocab(vocab_size=model.vocab_size)
     texts = make_prompts(args.batch)
     prompts = [vocab.encode(t) for t in texts]
     configs = {"chain": SpecConfig(3, 1, 4), "tree": SpecConfig(3, 2, 6)}

@@ -60,6 +60,9 @@ class AttentionMetadata:
                  ``page_table[b, pos // G] * G + pos % G`` (``P * G >= W``).
     write_locs:  ``i32[B, Q]`` slot of each fresh token's K/V, or ``None`` (write nothing).
     page_size:   ``G`` (static).
+    implementation, interpret: the ``jaxspec.kernels.paged_attention`` switch (static; ``"auto"``: the Pallas
+                 kernel on a GPU, the jnp reference on CPU). The round's metadata builders set them from the
+                 engine's ``implementation`` / ``interpret``; ``dataclasses.replace`` keeps them.
 
     Fresh tokens attend to the prefix (positions ``< prefix_lens``) and to the fresh tokens ``qmask``
     allows; their own K/V is written only after attention, so a forward never reads what it writes.
@@ -71,6 +74,8 @@ class AttentionMetadata:
     page_table: jax.Array
     write_locs: jax.Array | None = None
     page_size: int = dataclasses.field(default=1, metadata=dict(static=True))
+    implementation: str = dataclasses.field(default="auto", metadata=dict(static=True))
+    interpret: bool = dataclasses.field(default=False, metadata=dict(static=True))
 
     def prefix_slots(self, width: int) -> jax.Array:
         """``i32[B, width]``: the slot of each logical position ``< width`` (for gather-based attention)."""
@@ -81,7 +86,7 @@ class AttentionMetadata:
 
 def page_table_from_req_to_token(req_to_token: jax.Array, page_size: int) -> jax.Array:
     """``i32[R, ceil(W / G)]`` page ids of a page-aligned ``req_to_token`` (every page starts at a
-    multiple of ``G``, as the allocators in ``jaxspec.models.cache`` and TokenSpeed lay them out)."""
+    multiple of ``G``, as ``make_req_to_token`` and TokenSpeed lay them out)."""
     return req_to_token[:, ::page_size] // page_size
 
 

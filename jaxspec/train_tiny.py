@@ -20,16 +20,15 @@ from flax import nnx
 from tqdm import tqdm
 
 from jaxspec.corpus import make_stream
-from jaxspec.models import MockVocab, ModelConfig, causal_mask, save_pair
-from jaxspec.models.io import decoder_config
-from jaxspec.models.mtp import MTPModel
+from jaxspec.models import TINY_PAIR_CONFIG, DecoderConfig, MockVocab, MTPModel, save_pair
 from jaxspec.protocols import AttentionMetadata
+from jaxspec.round import causal_qmask
 
 
 def _dense_meta(b: int, ctx: int) -> AttentionMetadata:
     """A causal forward over ``ctx`` fresh tokens with no cache (training)."""
     pos = jnp.broadcast_to(jnp.arange(ctx, dtype=jnp.int32)[None], (b, ctx))
-    return AttentionMetadata(positions=pos, qmask=causal_mask(b, ctx), prefix_lens=jnp.zeros((b,), jnp.int32),
+    return AttentionMetadata(positions=pos, qmask=causal_qmask(b, ctx), prefix_lens=jnp.zeros((b,), jnp.int32),
                              page_table=jnp.zeros((b, 0), jnp.int32))
 
 
@@ -55,15 +54,15 @@ def accuracies(model: MTPModel, seqs: jax.Array, ctx: int):
     return jnp.stack(acc)
 
 
-def train(cfg: ModelConfig, *, steps: int, batch: int, ctx: int, lr: float, seed: int):
+def train(cfg: DecoderConfig, *, steps: int, batch: int, ctx: int, lr: float, seed: int):
     vocab = MockVocab(vocab_size=cfg.vocab_size)
     data = vocab.encode(make_stream(seed=seed))
-    model = MTPModel(decoder_config(cfg), rngs=nnx.Rngs(seed), kv_dtype=jnp.float32)
+    model = MTPModel(cfg, rngs=nnx.Rngs(seed), kv_dtype=jnp.float32)
     graphdef, params = nnx.split(model, nnx.Param)
     sched = optax.warmup_cosine_decay_schedule(0.0, lr, min(100, steps // 10 + 1), steps, lr * 0.05)
     opt = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(sched, weight_decay=0.01))
     opt_state = opt.init(params)
-    span = ctx + cfg.num_mtp_layers + 1
+    span = ctx + cfg.num_nextn_predict_layers + 1
 
     @jax.jit
     def step(params, opt_state, seqs):
@@ -109,7 +108,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv=None):
     args = _parser().parse_args(argv)
-    cfg = ModelConfig()
+    cfg = TINY_PAIR_CONFIG
     t0 = time.time()
     model, acc = train(cfg, steps=args.steps, batch=args.batch, ctx=args.ctx, lr=args.lr, seed=args.seed)
     print(f"trained in {time.time() - t0:.0f}s; top-1 accuracy target / MTP layers: {np.round(acc, 3).tolist()}")

@@ -22,7 +22,7 @@ Implementations (``implementation=``):
 * ``"reference"``: pure jnp (gather the prefix, dense masked softmax), any shape and dtype;
 * ``"mosaic"``: Pallas Mosaic GPU (Hopper wgmma + TMA page copies, split prefix, ``paged_attention_mosaic``);
   bf16 / fp16, head_dim a multiple of 64, page size a multiple of 8 (at most 128);
-* ``"triton"``: Pallas Triton lowering (deprecated upstream; ``paged_attention_triton``), any page size;
+* ``"triton"``: Pallas Triton lowering (deprecated upstream; ``paged_attention_triton``), any page size and head_dim;
 * ``"pallas"``: the Mosaic kernel where it applies, else the Triton one;
 * ``"auto"``: ``"pallas"`` on a GPU (Mosaic on Hopper when the shape fits, else Triton while jax still
   has that lowering), the reference elsewhere; with ``interpret=True`` the Triton kernel in interpret mode.

@@ -3,7 +3,7 @@
 
 Grid ``(B, Hkv, S)``: one program per (request, KV head, prefix slice) takes all ``rows`` query rows of
 that KV head and walks its slice of the prefix ``block`` tokens at a time, gathering K/V rows through the
-page table (any page size, vector gathers), with an online base-2 softmax. Outputs the unnormalised
+page table (any page size; any head_dim: columns padded to a power of two and masked; vector gathers), with an online base-2 softmax. Outputs the unnormalised
 partials ``acc f32[B,Hkv,S,rows,E]``, ``m, l f32[B,Hkv,S,rows]`` (``-inf`` / 0 for an empty slice).
 """
 
@@ -30,8 +30,10 @@ def _kernel(len_ref, pt_ref, q_ref, k_ref, v_ref, acc_ref, m_ref, l_ref, *, page
     lo = jnp.minimum(s * per, nblk)
     hi = jnp.minimum(lo + per, nblk)
     r = jnp.arange(rows, dtype=jnp.int32)
-    c = jnp.arange(head_dim, dtype=jnp.int32)
-    q = load(q_ref.at[b, h, r[:, None], c[None, :]])
+    e_pad = 1 << (head_dim - 1).bit_length()  # Triton blocks are powers of two: mask the columns past head_dim
+    c = jnp.arange(e_pad, dtype=jnp.int32)
+    col = c < head_dim
+    q = load(q_ref.at[b, h, r[:, None], c[None, :]], mask=col[None, :], other=0)
     j = jnp.arange(BLOCK, dtype=jnp.int32)
     # float32 inputs (the f32 test models): full-precision dots, never TF32 (greedy near-ties would flip)
     prec = jax.lax.Precision.HIGHEST if q.dtype == jnp.float32 else None
@@ -42,8 +44,8 @@ def _kernel(len_ref, pt_ref, q_ref, k_ref, v_ref, acc_ref, m_ref, l_ref, *, page
         ok = pos < n
         page = load(pt_ref.at[b, jnp.minimum(pos // g, width - 1)], mask=ok, other=0)
         slot = jnp.clip(page, 0, num_pages - 1) * g + pos % g
-        k = load(k_ref.at[slot[:, None], h, c[None, :]], mask=ok[:, None], other=0)
-        v = load(v_ref.at[slot[:, None], h, c[None, :]], mask=ok[:, None], other=0)
+        k = load(k_ref.at[slot[:, None], h, c[None, :]], mask=ok[:, None] & col[None, :], other=0)
+        v = load(v_ref.at[slot[:, None], h, c[None, :]], mask=ok[:, None] & col[None, :], other=0)
         sc = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), precision=prec, preferred_element_type=jnp.float32)
         sc = jnp.where(ok[None, :], sc * scale, -jnp.inf)
         m_new = jnp.maximum(m, jnp.max(sc, axis=1))
@@ -54,10 +56,10 @@ def _kernel(len_ref, pt_ref, q_ref, k_ref, v_ref, acc_ref, m_ref, l_ref, *, page
             p.astype(v.dtype), v, (((1,), (0,)), ((), ())), precision=prec, preferred_element_type=jnp.float32)
         return acc, m_new, l
 
-    init = (jnp.zeros((rows, head_dim), jnp.float32), jnp.full((rows,), -jnp.inf, jnp.float32),
+    init = (jnp.zeros((rows, e_pad), jnp.float32), jnp.full((rows,), -jnp.inf, jnp.float32),
             jnp.zeros((rows,), jnp.float32))
     acc, m, l = jax.lax.fori_loop(lo, hi, step, init)
-    store(acc_ref.at[b, h, s, r[:, None], c[None, :]], acc)
+    store(acc_ref.at[b, h, s, r[:, None], c[None, :]], acc, mask=col[None, :])
     store(m_ref.at[b, h, s, r], m)
     store(l_ref.at[b, h, s, r], l)
 
@@ -67,8 +69,6 @@ def prefix_partials(q, hkv, k_pool, v_pool, page_table, prefix_lens, *, page_siz
                     interpret=False):
     """``(acc, m, l)`` prefix partials (module docstring) for ``q [B,Q,Hq,E]`` over the paged pool."""
     b, nq, hq, e = q.shape
-    if e & (e - 1):
-        raise ValueError(f"q: the Triton kernel needs a power-of-two head_dim, got {e}")
     rows = max(16, 1 << (nq * (hq // hkv) - 1).bit_length())
     width = page_table.shape[1]
     s = num_splits or default_num_splits(b, hkv, width * page_size, BLOCK)

@@ -15,7 +15,7 @@ from flax import nnx
 from jaxspec.config import SpecConfig
 from jaxspec.corpus import make_prompts
 from jaxspec.engine import Engine
-from jaxspec.models import DEFAULT_WEIGHTS, MockVocab, ModelConfig, MTPDrafter, TinyPair, load_pair, num_pages_needed
+from jaxspec.models import DEFAULT_WEIGHTS, TINY_PAIR_CONFIG, MockVocab, MTPDrafter, MTPModel, load_pair, num_pages_needed
 
 W = 64
 MAX_NEW = 24
@@ -29,8 +29,8 @@ NUM_PAGES = {1: SLOTS, 16: SLOTS // 16}
 @pytest.fixture(scope="module")
 def models():
     trained = load_pair(DEFAULT_WEIGHTS)
-    assert trained.cfg == ModelConfig(), "shipped weights must use the default ModelConfig (shared compiles)"
-    return {"trained": trained, "random": TinyPair(ModelConfig(), nnx.Rngs(123))}
+    assert trained.cfg == TINY_PAIR_CONFIG, "the random model must share the shipped structure (shared compiles)"
+    return {"trained": trained, "random": MTPModel(TINY_PAIR_CONFIG, rngs=nnx.Rngs(123), kv_dtype=jnp.float32)}
 
 
 @pytest.fixture(scope="module")

@@ -14,6 +14,7 @@ import sys
 import textwrap
 import time
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
@@ -21,7 +22,7 @@ from flax import nnx
 from jaxspec.config import SpecConfig
 from jaxspec.engine import Engine
 from jaxspec.engine.engine import _compiled
-from jaxspec.models import ModelConfig, MTPDrafter, TinyPair
+from jaxspec.models import TINY_PAIR_CONFIG, MTPDrafter, MTPModel
 
 CHAIN = SpecConfig(num_steps=3, topk=1, num_draft_tokens=4)
 TREE = SpecConfig(num_steps=3, topk=2, num_draft_tokens=6)
@@ -29,7 +30,7 @@ TREE = SpecConfig(num_steps=3, topk=2, num_draft_tokens=6)
 
 @pytest.fixture(scope="module")
 def model():
-    return TinyPair(ModelConfig(), nnx.Rngs(7))
+    return MTPModel(TINY_PAIR_CONFIG, rngs=nnx.Rngs(7), kv_dtype=jnp.float32)
 
 
 def test_memory_estimate_refuses_quickly(model):
@@ -69,9 +70,10 @@ _CHECKED = textwrap.dedent(
     from flax import nnx
     from jaxspec.config import SpecConfig
     from jaxspec.engine import Engine
-    from jaxspec.models import ModelConfig, MTPDrafter, TinyPair
+    import jax.numpy as jnp
+    from jaxspec.models import TINY_PAIR_CONFIG, MTPDrafter, MTPModel
 
-    m = TinyPair(ModelConfig(), nnx.Rngs(7))
+    m = MTPModel(TINY_PAIR_CONFIG, rngs=nnx.Rngs(7), kv_dtype=jnp.float32)
     eng = Engine(m, MTPDrafter(m), spec=SpecConfig(3, 2, 6), max_context=40, max_batch=2)
     prompts = [np.array([5, 6, 7, 8]), np.array([9, 10])]
     print("TOKENS", [t.tolist() for t in eng.generate(prompts, 6).tokens])

@@ -114,6 +114,7 @@ def test_bitpacked_mask_equals_bool_mask():
     (jnp.float32, 16, 8, 2, 64, 4),
     (jnp.float16, 1, 4, 4, 64, 1),
     (jnp.float32, 64, 8, 1, 128, 3),
+    (jnp.float32, 16, 4, 2, 24, 4),  # head_dim 24 (the tiny pair's): columns padded to 32 and masked
 ])
 def test_triton_interpret_matches_reference(dtype, g, hq, hkv, e, nq):
     seed = int(np.random.SeedSequence().entropy % 2**31)
@@ -172,6 +173,7 @@ GPU_CASES = [  # (impl, dtype, page size, Hq, Hkv, E, Q, mask)
     ("mosaic", jnp.bfloat16, 64, 32, 4, 128, 17, "causal"),  # 136 rows: 3 row tiles
     ("triton", jnp.bfloat16, 1, 32, 8, 128, 8, "tree"),
     ("triton", jnp.float16, 16, 8, 1, 64, 4, "causal"),
+    ("triton", jnp.float16, 16, 4, 2, 24, 4, "tree"),  # head_dim not a power of two (masked columns)
     ("auto", jnp.bfloat16, 1, 32, 8, 128, 1, "ones"),
 ]
 

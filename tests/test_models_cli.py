@@ -43,4 +43,4 @@ def test_train_tiny_writes_loadable_checkpoint(tmp_path):
         train_tiny.main(["--out", str(out), "--steps", "2", "--batch", "2", "--ctx", "8"])
     assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
     pair = load_pair(str(out))
-    assert pair.cfg.num_mtp_layers == 3 and load_meta(str(out))["steps"] == 2
+    assert pair.num_mtp_layers == 3 and pair.cfg == train_tiny.TINY_PAIR_CONFIG and load_meta(str(out))["steps"] == 2

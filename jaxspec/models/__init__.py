@@ -1,25 +1,20 @@
 """jaxspec.models: Llama-family decoders (Llama 2/3, Qwen2/2.5, Mistral) with DeepSeek-V3 MTP draft layers,
-loaded from Hugging Face safetensors checkpoints, over a paged KV cache (Flax NNX); the shipped tiny pair."""
+loaded from Hugging Face safetensors checkpoints, over a paged KV cache (Flax NNX); the shipped tiny pair
+(``load_pair()``: the ``MTPModel`` of ``DEFAULT_WEIGHTS``)."""
 
-from jaxspec.models.attention import paged_attention_reference as paged_attention_reference
-from jaxspec.models.cache import PagedKVCache as PagedKVCache
-from jaxspec.models.cache import init_cache as init_cache
-from jaxspec.models.cache import make_req_to_token as make_req_to_token
-from jaxspec.models.cache import num_pages_needed as num_pages_needed
 from jaxspec.models.checkpoint import load_model as load_model
 from jaxspec.models.checkpoint import save_model as save_model
 from jaxspec.models.config import DecoderConfig as DecoderConfig
-from jaxspec.models.config import ModelConfig as ModelConfig
 from jaxspec.models.decoder import Decoder as Decoder
 from jaxspec.models.io import DEFAULT_WEIGHTS as DEFAULT_WEIGHTS
-from jaxspec.models.io import TinyPairView as TinyPairView
+from jaxspec.models.io import TINY_PAIR_CONFIG as TINY_PAIR_CONFIG
 from jaxspec.models.io import load_pair as load_pair
 from jaxspec.models.io import save_pair as save_pair
-from jaxspec.models.llama import ForwardInputs as ForwardInputs
-from jaxspec.models.llama import TinyPair as TinyPair
-from jaxspec.models.llama import causal_mask as causal_mask
 from jaxspec.models.mtp_drafter import MTPDrafter as MTPDrafter
 from jaxspec.models.mtp_drafter import MTPDraftState as MTPDraftState
 from jaxspec.models.mtp import MTPModel as MTPModel
 from jaxspec.models.mtp import add_mtp_layers as add_mtp_layers
 from jaxspec.models.vocab import MockVocab as MockVocab
+from jaxspec.protocols import PagedKVCache as PagedKVCache
+from jaxspec.protocols import make_req_to_token as make_req_to_token
+from jaxspec.protocols import num_pages_needed as num_pages_needed

@@ -7,7 +7,9 @@ and tied embeddings. Parameters keep the Hugging Face module names (``embed_toke
 
 Precision: weights in ``param_dtype`` (f32 or bf16); the residual stream, norms, RoPE, attention softmax and
 every matmul accumulation run in float32 (matmul inputs are cast to the weight dtype). The KV pool dtype
-is ``kv_dtype`` (default bf16 on GPU, f32 on CPU). Attention is ``jaxspec.models.attention.ATTENTION``.
+is ``kv_dtype`` (default bf16 on GPU, f32 on CPU). Attention is ``jaxspec.kernels.paged_attention`` (prefill,
+decode, verify and draft extend alike), its kernel picked by ``meta.implementation`` / ``meta.interpret``;
+queries and fresh K/V are cast to the pool dtype for it (softmax and accumulation in float32).
 """
 
 import jax
@@ -15,11 +17,14 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxspec.models import attention
+from jaxspec.kernels import paged_attention
 from jaxspec.models.config import DecoderConfig
 from jaxspec.protocols import AttentionMetadata, PagedKVCache
 
 _F32 = jnp.float32
+# Every matmul at HIGHEST precision: the losslessness check compares greedy argmaxes of the verify forward
+# (Q = N tokens) with plain decode (Q = 1); TF32 on the GPU would make near-ties flip between the two.
+PREC = jax.lax.Precision.HIGHEST
 
 
 def default_kv_dtype():
@@ -45,7 +50,7 @@ class Linear(nnx.Module):
 
     def __call__(self, x):
         w = self.kernel[...]
-        y = jnp.einsum("...d,df->...f", x.astype(w.dtype), w, precision=attention.PREC, preferred_element_type=_F32)
+        y = jnp.einsum("...d,df->...f", x.astype(w.dtype), w, precision=PREC, preferred_element_type=_F32)
         return y if self.bias is None else y + _bcast(self.bias[...].astype(_F32), y.ndim)
 
 
@@ -103,19 +108,21 @@ class SelfAttention(nnx.Module):
         q = apply_rope(self.q_proj(x).reshape(b, nq, cfg.num_attention_heads, e), meta.positions, inv_freq)
         k = apply_rope(self.k_proj(x).reshape(b, nq, hkv, e), meta.positions, inv_freq)
         v = self.v_proj(x).reshape(b, nq, hkv, e)
-        if cache is None:  # dense forward (training, tests): no prefix, nothing written
-            pool, table = k.reshape(b * nq, hkv, e), meta.page_table[:, :0]
-            out = attention.ATTENTION(q, k, v, pool, pool, table, meta.prefix_lens, meta.qmask,
-                                      page_size=meta.page_size, sm_scale=e**-0.5)
+        if cache is None:  # dense forward (training, tests): no prefix and nothing paged, so the jnp reference
+            pool = k.reshape(b * nq, hkv, e)
+            out = paged_attention(q, k, v, pool, pool, meta.page_table[:, :0], meta.prefix_lens, meta.qmask,
+                                  page_size=1, sm_scale=e**-0.5, implementation="reference")
         else:
             # Attend first, then write: the prefix (< prefix_lens) never overlaps this forward's write slots.
-            out = attention.ATTENTION(q, k, v, cache.k[layer], cache.v[layer], meta.page_table, meta.prefix_lens,
-                                      meta.qmask, page_size=meta.page_size, sm_scale=e**-0.5)
+            dt = cache.k.dtype
+            out = paged_attention(q.astype(dt), k.astype(dt), v.astype(dt), cache.k[layer], cache.v[layer],
+                                  meta.page_table, meta.prefix_lens, meta.qmask, page_size=meta.page_size,
+                                  sm_scale=e**-0.5, implementation=meta.implementation, interpret=meta.interpret)
             if meta.write_locs is not None:
                 flat = meta.write_locs.reshape(-1)
                 cache = PagedKVCache(
-                    k=cache.k.at[layer, flat].set(k.reshape(b * nq, hkv, e).astype(cache.k.dtype)),
-                    v=cache.v.at[layer, flat].set(v.reshape(b * nq, hkv, e).astype(cache.v.dtype)),
+                    k=cache.k.at[layer, flat].set(k.reshape(b * nq, hkv, e).astype(dt)),
+                    v=cache.v.at[layer, flat].set(v.reshape(b * nq, hkv, e).astype(dt)),
                     req_to_token=cache.req_to_token,
                 )
         return self.o_proj(out.reshape(b, nq, -1)), cache
@@ -212,7 +219,7 @@ class Decoder(nnx.Module):
         if self.lm_head is not None:
             return self.lm_head(x)
         w = self.embed_tokens[...]
-        return jnp.einsum("...d,vd->...v", x.astype(w.dtype), w, precision=attention.PREC, preferred_element_type=_F32)
+        return jnp.einsum("...d,vd->...v", x.astype(w.dtype), w, precision=PREC, preferred_element_type=_F32)
 
     def forward(self, tokens, meta: AttentionMetadata, cache: PagedKVCache | None):
         """``tokens i32[B, Q]`` -> ``(logits f32[B, Q, V], hidden f32[B, Q, F], cache)``.
