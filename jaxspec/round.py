@@ -103,7 +103,7 @@ def _check_batch(name, x, b):
 
 def prefill_metadata(
     prompt_lens: Int32[Array, " B"], req_to_token: Int32[Array, "R W"], width: int, *, page_size: int,
-    req_pool_indices: Int32[Array, " B"] | None = None,
+    req_pool_indices: Int32[Array, " B"] | None = None, implementation: str = "auto", interpret: bool = False,
 ) -> AttentionMetadata:
     """Metadata of a prefill over right-padded prompts ``(B, width)``: positions ``0..width-1``, causal,
     no prefix, prompt tokens written to ``req_to_token[r, j]`` and padding to slot 0 (the dummy page)."""
@@ -118,12 +118,15 @@ def prefill_metadata(
         page_table=page_table_from_req_to_token(table, page_size),
         write_locs=locs,
         page_size=page_size,
+        implementation=implementation,
+        interpret=interpret,
     )
 
 
 def decode_metadata(
     seq_lens: Int32[Array, " B"], req_to_token: Int32[Array, "R W"], *, page_size: int,
-    req_pool_indices: Int32[Array, " B"] | None = None, write: bool = True,
+    req_pool_indices: Int32[Array, " B"] | None = None, write: bool = True, implementation: str = "auto",
+    interpret: bool = False,
 ) -> AttentionMetadata:
     """Metadata of one token per row at position ``seq_lens`` over the committed prefix: the plain decode
     forward (``write=True``: its K/V goes to ``req_to_token[r, seq_lens]``) and the root a drafter's
@@ -138,12 +141,16 @@ def decode_metadata(
         page_table=page_table_from_req_to_token(table, page_size),
         write_locs=locs,
         page_size=page_size,
+        implementation=implementation,
+        interpret=interpret,
     )
 
 
-def root_metadata(seq_lens, req_to_token, *, page_size: int, req_pool_indices=None) -> AttentionMetadata:
+def root_metadata(seq_lens, req_to_token, *, page_size: int, req_pool_indices=None, implementation: str = "auto",
+                  interpret: bool = False) -> AttentionMetadata:
     """``Drafter.propose``'s ``meta``: the root at position ``seq_lens``, nothing written."""
-    return decode_metadata(seq_lens, req_to_token, page_size=page_size, req_pool_indices=req_pool_indices, write=False)
+    return decode_metadata(seq_lens, req_to_token, page_size=page_size, req_pool_indices=req_pool_indices, write=False,
+                           implementation=implementation, interpret=interpret)
 
 
 def plan_verify(
@@ -197,6 +204,8 @@ def plan_verify(
         page_table=page_table_from_req_to_token(table, page_size),
         write_locs=locs,
         page_size=page_size,
+        implementation=implementation,
+        interpret=interpret,
     )
     return VerifyPlan(tree=tree, tokens=tree.draft_tokens.reshape(b, n), meta=meta, cache_locs=locs)
 

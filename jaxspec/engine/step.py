@@ -55,7 +55,7 @@ def prefill(target, drafter, opts: EngineOptions, state: DecodeState, prompts: j
     """
     b, p = prompts.shape
     r2t = state.target_cache.req_to_token
-    meta = rnd.prefill_metadata(prompt_lens, r2t, p, page_size=opts.page_size)
+    meta = rnd.prefill_metadata(prompt_lens, r2t, p, page_size=opts.page_size, **_kernel_kw(opts))
     logits, hidden, tcache = target.forward(prompts, meta, state.target_cache)
     rows = jnp.arange(b, dtype=jnp.int32)
     first = _greedy(logits[rows, prompt_lens - 1])
@@ -73,7 +73,7 @@ def spec_step(target, drafter, opts: EngineOptions, state: DecodeState) -> Decod
     spec, kw = opts.spec, _kernel_kw(opts)
     seq, r2t = state.seq_lens, state.target_cache.req_to_token
     active = ~state.done
-    root = rnd.root_metadata(seq, r2t, page_size=opts.page_size)
+    root = rnd.root_metadata(seq, r2t, page_size=opts.page_size, **_kernel_kw(opts))
     draft, dstate = drafter.propose(spec, state.draft, state.bonus, root)
     plan = rnd.plan_verify(spec, state.bonus, draft, seq, r2t, page_size=opts.page_size, **kw)
     logits, hidden, tcache = target.forward(plan.tokens, plan.meta, state.target_cache)
@@ -98,7 +98,7 @@ def plain_step(target, opts: EngineOptions, state: DecodeState) -> DecodeState:
     """One plain greedy decode step: commit ``bonus`` at ``seq_lens`` and predict the next token."""
     b = state.seq_lens.shape[0]
     seq = state.seq_lens
-    meta = rnd.decode_metadata(seq, state.target_cache.req_to_token, page_size=opts.page_size)
+    meta = rnd.decode_metadata(seq, state.target_cache.req_to_token, page_size=opts.page_size, **_kernel_kw(opts))
     logits, _, tcache = target.forward(state.bonus[:, None], meta, state.target_cache)
     nxt = _greedy(logits[:, 0])
     active = ~state.done
