@@ -374,14 +374,14 @@ def run_case(name, S, K, N, bs, args, pool: PoolShape, orig: OriginalStep, reps:
 
 
 def run(device: str = "cuda", batch_sizes=(1, 16, 64, 256), configs=("tree", "chain"), quick: bool = False,
-        debug: bool = False, pool: PoolShape | None = None, move: str = "accept", check_only: bool = False,
+        debug: bool = False, pool: PoolShape | None = None, check_only: bool = False,
         breakdown: bool = False, command_buffers: bool = False, pack: bool | None = None) -> dict:
     """Run the benchmark; returns the JSON-able result. ``check_only``: the correctness path only (every
     (config, batch size) compiled once and compared exactly, nothing timed). On CPU timings are tokens."""
     configure(device, command_buffers=command_buffers)
     if pack is None:
         pack = True
-    args = argparse.Namespace(device=device, debug=debug, move=move, check_only=check_only, breakdown=breakdown,
+    args = argparse.Namespace(device=device, debug=debug, check_only=check_only, breakdown=breakdown,
                               pack=pack)
     pool = pool or (GPU_POOL if device == "cuda" else CPU_POOL)
     reps = CPU_REPS if device == "cpu" else (QUICK_REPS if quick else FULL_REPS)
@@ -400,7 +400,7 @@ def run(device: str = "cuda", batch_sizes=(1, 16, 64, 256), configs=("tree", "ch
     print_table(rows, bw)
     total = time.perf_counter() - t_start
     print(f"\ntotal {total:.1f}s")
-    meta = dict(device=device, move=move, packed=pack, command_buffers=command_buffers, xla_flags=os.environ.get("XLA_FLAGS", ""), pool=dataclasses.asdict(pool), reps=dataclasses.asdict(reps),
+    meta = dict(device=device, packed=pack, command_buffers=command_buffers, xla_flags=os.environ.get("XLA_FLAGS", ""), pool=dataclasses.asdict(pool), reps=dataclasses.asdict(reps),
                 jax=jax.__version__, **orig.versions(), total_s=total)
     return dict(meta=meta, bandwidth=bw, rows=rows)
 
@@ -429,7 +429,7 @@ def main(argv=None) -> int:
     for c in configs:
         if c not in CONFIGS:
             p.error(f"--configs: unknown config {c!r} (choose from {', '.join(CONFIGS)})")
-    res = run(a.device, batch_sizes, configs, quick=a.quick, debug=a.debug, move=a.move, check_only=a.check_only,
+    res = run(a.device, batch_sizes, configs, quick=a.quick, debug=a.debug, check_only=a.check_only,
               breakdown=a.breakdown, command_buffers=a.command_buffers,
               pack=False if a.no_pack else None)
     if a.json:
