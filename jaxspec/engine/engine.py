@@ -187,7 +187,8 @@ def _check_sampling(b: int, vocab: int, temperature, top_k, top_p, seed) -> tupl
     def integer(v):
         return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
 
-    t = each("temperature", temperature, lambda v: real(v) and np.isfinite(v) and v >= 0, "a finite float >= 0 (0 = greedy)")
+    t = each("temperature", temperature, lambda v: real(v) and np.isfinite(v) and v >= 0,
+             "a finite float >= 0 (0 = greedy)")
     k = each("top_k", -1 if top_k is None else top_k,
              lambda v: v is None or (integer(v) and (v == -1 or 1 <= v <= vocab)),
              f"an int in [1, {vocab}] (the vocabulary size), or -1 / None = off")
