@@ -37,7 +37,8 @@ from scipy import stats
 from jaxspec import round as rnd
 from jaxspec.config import SpecConfig
 from jaxspec.engine import Engine
-from jaxspec.models import MTPDrafter, load_pair, make_req_to_token
+from jaxspec.models import MTPDrafter, load_pair
+from jaxspec.protocols import make_req_to_token
 from jaxspec.ops.accept import sampling_probs
 from jaxspec.ops.verify import chain_speculative_sampling
 

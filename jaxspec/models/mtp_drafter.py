@@ -109,7 +109,10 @@ class MTPDrafter:
         cache = self.head.make_draft_cache(req_to_token, num_slots)
         probs = None
         if self.sample_drafts:
-            probs = jnp.zeros((b, spec.num_steps, self.head.vocab_size), jnp.float32)
+            v = getattr(self.head, "vocab_size", None)
+            if not isinstance(v, int):
+                raise ValueError("sample_drafts: the head needs an int vocab_size (width of the draft distributions)")
+            probs = jnp.zeros((b, spec.num_steps, v), jnp.float32)
         return MTPDraftState(
             cache=cache,
             topk_p=jnp.zeros((b, x), jnp.float32),
