@@ -7,6 +7,11 @@ host-driven (one jitted call per round), over batch sizes.
 Reports generated tokens/s (wall time of the decode, prefill included, compile excluded; median over
 ``--repeats``), the mean accept length (tokens committed per verify round) and compile time.
 
+Sampling rows (``--sampling``, default ``greedy,t0.7p0.9``): each config also runs with every request at
+temperature 0.7, top-p 0.9 (seed = request index; SGLang's target-only verify, drafts top-k), and the
+``chain`` config additionally with ``verify="draft_probs"`` (config ``chain_dp``: sampled drafts, classic
+rule); their ``same`` column is empty (sampled output is compared in distribution by the tests).
+
 Measured on one H200 (jax 0.11.2, page size 16, max_new 128, shipped tiny pair), tokens/s:
 batch 1: plain loop 10.7k, chain loop 11.5k (accept 3.34), tree loop 8.6k (accept 3.43); host-driven
 0.8k / 2.7k / 2.3k. batch 32: plain loop 248k, chain 256k (accept 3.04), tree 190k (3.17); host-driven
@@ -33,6 +38,8 @@ def _parse(argv):
                     help="comma list: plain (no speculation), chain (S3 K1 N4), tree (S3 K2 N6)")
     ap.add_argument("--modes", default="loop,host",
                     help="comma list: loop (on-device while_loop), host (one jitted call per round)")
+    ap.add_argument("--sampling", default="greedy,t0.7p0.9",
+                    help="comma list: greedy, t0.7p0.9 (temperature 0.7, top-p 0.9; adds the chain_dp config)")
     ap.add_argument("--max-new", type=int, default=128, help="tokens generated per request")
     ap.add_argument("--page-size", type=int, default=16, help="KV page size (tokens)")
     ap.add_argument("--repeats", type=int, default=3, help="timed runs per case (the median is reported)")
@@ -62,8 +69,8 @@ def main(argv=None) -> int:
     vocab = MockVocab(vocab_size=model.vocab_size)
     device = str(jax.devices()[0])
 
-    def run_once(eng, prompts, mode):
-        inputs = jax.block_until_ready(eng.prepare(prompts, args.max_new))
+    def run_once(eng, prompts, mode, kw):
+        inputs = jax.block_until_ready(eng.prepare(prompts, args.max_new, **kw))
         t0 = time.perf_counter()
         if mode == "loop":
             state = eng.run(*inputs)
@@ -75,38 +82,47 @@ def main(argv=None) -> int:
         return time.perf_counter() - t0, Engine.result(state)
 
     rows = []
-    combos = [(b, n, m) for b in batch_sizes for n in names for m in modes]
+    samplings = args.sampling.split(",")
+    combos = [(b, n, m, s) for s in samplings for b in batch_sizes for n in names for m in modes]
+    combos += [(b, "chain_dp", m, s) for s in samplings if s != "greedy" and "chain" in names
+               for b in batch_sizes for m in modes]
     reference = {}
-    for b, name, mode in tqdm(combos, desc="bench", unit="case"):
+    for b, name, mode, smp in tqdm(combos, desc="bench", unit="case"):
         prompts = [vocab.encode(t) for t in make_prompts(b)]
-        spec = specs[name]
+        spec = specs["chain" if name == "chain_dp" else name]
         width = max(len(p) for p in prompts) + args.max_new + (1 if spec is None else spec.num_draft_tokens)
-        drafter = None if spec is None else MTPDrafter(model, implementation=args.implementation)
+        drafter = None if spec is None else MTPDrafter(model, implementation=args.implementation,
+                                                         sample_drafts=name == "chain_dp")
         eng = Engine(model, drafter, spec=spec, max_context=-(-width // args.page_size) * args.page_size,
-                     page_size=args.page_size, max_batch=b, implementation=args.implementation)
+                     page_size=args.page_size, max_batch=b, implementation=args.implementation,
+                     verify="draft_probs" if name == "chain_dp" else "target_only")
+        kw = {} if smp == "greedy" else dict(temperature=0.7, top_p=0.9, seed=list(range(b)))
         t0 = time.perf_counter()
-        _, res = run_once(eng, prompts, mode)  # compile + warm-up
+        _, res = run_once(eng, prompts, mode, kw)  # compile + warm-up
         compile_s = time.perf_counter() - t0
-        times = [run_once(eng, prompts, mode)[0] for _ in range(args.repeats)]
+        times = [run_once(eng, prompts, mode, kw)[0] for _ in range(args.repeats)]
         toks = sum(len(t) for t in res.tokens)
         key = b
-        if name == "plain" and key not in reference:
+        if name == "plain" and smp == "greedy" and key not in reference:
             reference[key] = res.tokens
-        same = None if key not in reference else all(np.array_equal(x, y) for x, y in zip(res.tokens, reference[key]))
+        same = None
+        if smp == "greedy" and key in reference:
+            same = all(np.array_equal(x, y) for x, y in zip(res.tokens, reference[key]))
         med = statistics.median(times)
-        rows.append(dict(batch=b, config=name, mode=mode, tokens=toks, seconds=med, tokens_per_s=toks / med,
+        rows.append(dict(batch=b, config=name, mode=mode, sampling=smp, tokens=toks, seconds=med, tokens_per_s=toks / med,
                          mean_accept_length=res.mean_accept_length, rounds=int(res.num_rounds.max()),
                          compile_s=compile_s, matches_plain=same))
 
     print(f"\ndevice: {device}   max_new {args.max_new}   page size {args.page_size}   implementation {args.implementation}")
-    hdr = f"{'batch':>5} {'config':<6} {'mode':<5} {'tok/s':>10} {'speedup':>8} {'accept':>7} {'rounds':>7} {'ms/round':>9} {'compile s':>10} {'same':>5}"
+    hdr = f"{'batch':>5} {'config':<8} {'sampling':<9} {'mode':<5} {'tok/s':>10} {'speedup':>8} {'accept':>7} {'rounds':>7} {'ms/round':>9} {'compile s':>10} {'same':>5}"
     print(hdr)
     print("-" * len(hdr))
-    base = {(r["batch"], r["mode"]): r["tokens_per_s"] for r in rows if r["config"] == "plain"}
+    base = {(r["batch"], r["mode"], r["sampling"]): r["tokens_per_s"] for r in rows if r["config"] == "plain"}
     for r in rows:
-        sp = r["tokens_per_s"] / base[(r["batch"], r["mode"])] if (r["batch"], r["mode"]) in base else float("nan")
+        k = (r["batch"], r["mode"], r["sampling"])
+        sp = r["tokens_per_s"] / base[k] if k in base else float("nan")
         r["speedup_vs_plain"] = sp
-        print(f"{r['batch']:>5} {r['config']:<6} {r['mode']:<5} {r['tokens_per_s']:>10.1f} {sp:>8.2f} "
+        print(f"{r['batch']:>5} {r['config']:<8} {r['sampling']:<9} {r['mode']:<5} {r['tokens_per_s']:>10.1f} {sp:>8.2f} "
               f"{r['mean_accept_length']:>7.3f} {r['rounds']:>7} {1e3 * r['seconds'] / max(1, r['rounds']):>9.3f} "
               f"{r['compile_s']:>10.1f} {str(r['matches_plain']):>5}")
     if args.json:

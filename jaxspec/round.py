@@ -14,7 +14,9 @@ it under your own ``jax.jit``). One round (ops-spec §0.4, seed ``MTPWorkerV2``)
 ``plan_verify``: ``build_chain_tree`` (``K == 1``) or ``build_tree`` (QLEN_ONLY) from the draft, the verify
 window's cache slots ``req_to_token[r, seq_len + j]`` (``assign_extend_cache_locs_uniform``) and the
 ``AttentionMetadata`` of the verify forward (tree positions, tree mask, prefix = committed length).
-``commit``: greedy verify (``eagle_sample``) + ``fill_bonus_tokens``; for trees (``K > 1``) the accepted
+``commit``: verify (greedy ``eagle_sample``; with ``sampling``, SGLang's target-only tree rejection sampling
+``eagle_sample(greedy=False)``, or, for chains whose drafts were sampled, the classic rule with the draft
+probabilities ``chain_speculative_sampling``) + ``fill_bonus_tokens``; for trees (``K > 1``) the accepted
 path's KV moves to the window front (``move_accept_tokens_to_target_kvcache``) and the per-node predictions
 and features are compacted the same way (``compact_accept_to_front``); chains need neither (the accepted
 path already is the window front, as upstream skips the move for ``K == 1``).
@@ -32,11 +34,48 @@ from jaxtyping import Array, Bool, Float, Int32
 from jaxspec.config import SpecConfig
 from jaxspec.kernels.cache_locs import assign_extend_cache_locs_uniform
 from jaxspec.kernels.kv_move import compact_accept_to_front, move_accept_tokens_to_target_kvcache
-from jaxspec.ops.accept import eagle_sample, fill_bonus_tokens
+from jaxspec.ops.accept import eagle_sample, fill_bonus_tokens, sampling_probs
 from jaxspec.ops.draft import DraftResults
 from jaxspec.ops.tree import TreeMaskMode, TreeOutput, build_chain_tree, build_tree
-from jaxspec.ops.verify import verify_tree_greedy
+from jaxspec.ops.verify import chain_speculative_sampling, verify_tree_greedy
 from jaxspec.protocols import AttentionMetadata, PagedKVCache, page_table_from_req_to_token
+
+
+class ChainDraft(NamedTuple):
+    """A chain draft whose tokens were SAMPLED by the drafter: ``tokens i32[B, S]`` and ``probs f32[B, S, V]``
+    (``probs[b, i]`` the processed distribution token ``i`` was drawn from). ``plan_verify`` takes it like
+    the plain ``i32[B, S]`` chain; ``commit(draft_probs=probs)`` verifies with the classic rule."""
+
+    tokens: Int32[Array, "B S"]
+    probs: Float[Array, "B S V"]
+
+
+class RoundSampling(NamedTuple):
+    """Per-request sampling inputs of ``commit`` (arrays; changing them never recompiles).
+
+    temperature: ``f32[B]`` (0 = greedy row). top_k: ``i32[B]`` in ``[1, V]`` (``V`` = off).
+    top_p: ``f32[B]`` in ``(0, 1]``. coins: ``f32[B, N]`` / final_coins: ``f32[B]`` in ``[0, 1)``
+    (``ops.accept.make_coins``), independent of any coins the drafter used.
+    """
+
+    temperature: Float[Array, " B"]
+    top_k: Int32[Array, " B"]
+    top_p: Float[Array, " B"]
+    coins: Float[Array, "B N"]
+    final_coins: Float[Array, " B"]
+
+
+class DraftSampling(NamedTuple):
+    """What a drafter that samples its chain (``verify="draft_probs"``) gets in ``extend_after_prefill`` /
+    ``extend_after_verify`` (keyword ``sampling``): the requests' ``temperature f32[B]``, ``top_k i32[B]``,
+    ``top_p f32[B]`` and ``coins f32[B, S]`` in ``[0, 1)`` (one per draft step, independent of the verify
+    coins). It draws draft ``i`` from ``ops.accept.sampling_probs`` of its logits with ``coins[:, i]`` and
+    proposes a ``ChainDraft`` holding those distributions."""
+
+    temperature: Float[Array, " B"]
+    top_k: Int32[Array, " B"]
+    top_p: Float[Array, " B"]
+    coins: Float[Array, "B S"]
 
 
 class VerifyPlan(NamedTuple):
@@ -171,7 +210,8 @@ def plan_verify(
       spec: static ``SpecConfig(S, K, N)``.
       bonus: ``i32[B]`` root token of each row (the last generated, not yet committed token).
       draft: ``DraftResults`` (``organize_draft_results`` / a drafter's ``propose``; required for
-        ``K > 1``) or, for chains, the ``i32[B, S]`` drafted tokens (a chain ``DraftResults`` works too).
+        ``K > 1``) or, for chains, the ``i32[B, S]`` drafted tokens (a chain ``DraftResults`` or a
+        ``ChainDraft`` works too).
       seq_lens: ``i32[B]`` committed lengths (the root sits at position ``seq_lens``).
       req_to_token: ``i32[R, W]`` slot table, page aligned; ``req_pool_indices`` ``i32[B]`` picks the rows
         (default: batch row ``b`` is table row ``b``). Needs ``seq_lens + N <= W``.
@@ -185,6 +225,7 @@ def plan_verify(
     _check_batch("bonus", bonus, b)
     if spec.topk == 1:
         chain = draft.draft_tokens if isinstance(draft, DraftResults) else draft
+        chain = chain.tokens if isinstance(chain, ChainDraft) else chain
         tree = build_chain_tree(bonus, chain, seq_lens, config=spec)
     else:
         if not isinstance(draft, DraftResults):
@@ -219,10 +260,21 @@ def commit(
     target_predict: Int32[Array, "B N"] | None = None,
     hidden: Float[Array, "B N F"] | None = None,
     active: Bool[Array, " B"] | None = None,
+    sampling: RoundSampling | None = None,
+    draft_probs: Float[Array, "B S V"] | None = None,
+    threshold_single: float = 1.0,
+    threshold_acc: float = 1.0,
     implementation: str = "auto",
     interpret: bool = False,
 ) -> CommitOutput:
-    """Greedy verify of ``plan``'s tree against the target and the bookkeeping after it (jittable).
+    """Verify ``plan``'s tree against the target and the bookkeeping after it (jittable).
+
+    Greedy (``sampling=None``): ``eagle_sample(greedy=True)``, bit-exact with SGLang. With ``sampling``
+    (needs ``logits``): the target's distribution per node is ``sampling_probs`` (temperature, top-k, top-p;
+    temperature-0 rows are one-hot, i.e. greedy) and, without ``draft_probs``, SGLang's target-only tree
+    rejection sampling (``eagle_sample(greedy=False)``, static ``threshold_single`` / ``threshold_acc``,
+    1.0 / 1.0 = lossless; drafts taken top-k). With ``draft_probs`` (``f32[B, S, V]``, chains ``K == 1``
+    only, drafts sampled from them): ``chain_speculative_sampling``, the classic ``min(1, p/q)`` rule.
 
     Exactly one of ``logits`` (``[B, N, V]`` or ``[B*N, V]``, the verify forward's) and ``target_predict``
     (``i32[B, N]``, their argmax, for callers that reduced the logits already) must be given. ``hidden``
@@ -236,7 +288,28 @@ def commit(
     tree = plan.tree
     b = plan.tokens.shape[0]
     kw = dict(implementation=implementation, interpret=interpret)
-    if logits is not None:
+    if draft_probs is not None and (sampling is None or k != 1):
+        raise ValueError(
+            "draft_probs: the classic rule is implemented (and exact) for sampled chains only: needs sampling "
+            f"and spec.topk == 1, got sampling={'set' if sampling is not None else None}, topk={k}"
+        )
+    if sampling is not None and logits is None:
+        raise ValueError("sampling: needs the verify forward's logits (target_predict is greedy only)")
+    if sampling is not None:
+        if draft_probs is not None:
+            probs = sampling_probs(logits.reshape(b, n, -1), sampling.temperature, sampling.top_k, sampling.top_p)
+            v = chain_speculative_sampling(plan.tokens, sampling.coins, sampling.final_coins, probs, draft_probs)
+            predict, accept_index, accept_lens = v.predict, v.accept_index, v.num_correct_drafts + 1
+        else:
+            out = eagle_sample(
+                logits.reshape(b * n, -1), tree.draft_tokens, tree.retrieve_index, tree.retrieve_next_token,
+                tree.retrieve_next_sibling, config=spec, greedy=False, temperatures=sampling.temperature,
+                top_ks=sampling.top_k, top_ps=sampling.top_p, uniform_samples=sampling.coins,
+                uniform_samples_for_final_sampling=sampling.final_coins, threshold_single=threshold_single,
+                threshold_acc=threshold_acc,
+            )
+            predict, accept_index, accept_lens = out.predict, out.accept_index, out.accept_lens
+    elif logits is not None:
         out = eagle_sample(
             logits.reshape(b * n, -1), tree.draft_tokens, tree.retrieve_index, tree.retrieve_next_token,
             tree.retrieve_next_sibling, config=spec, greedy=True,
@@ -285,7 +358,10 @@ def commit(
 
 
 __all__ = [
+    "ChainDraft",
     "CommitOutput",
+    "DraftSampling",
+    "RoundSampling",
     "VerifyPlan",
     "causal_qmask",
     "commit",

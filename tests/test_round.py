@@ -10,7 +10,7 @@ import pytest
 from jaxspec.config import SpecConfig
 from jaxspec.ops.draft import organize_draft_results
 from jaxspec.protocols import PagedKVCache, make_req_to_token
-from jaxspec.round import commit, plan_verify
+from jaxspec.round import RoundSampling, commit, plan_verify
 from test_pipeline_jit import VOCAB, _draft_lists
 
 CFG = SpecConfig(3, 2, 6)
@@ -58,6 +58,16 @@ def test_commit_logits_path_and_frozen_rows():
         want[0, window[b, : lens[b]]] = pool[0, window[b, acc[b, : lens[b]] - b * n]]
     np.testing.assert_array_equal(k, want)  # frozen rows' windows untouched
     np.testing.assert_array_equal(np.asarray(out.cache.v), want + 0.5)
+    # Sampling with every temperature 0 (one-hot target rows) verifies exactly as greedy.
+    zeros = jnp.zeros((bs,), jnp.float32)
+    smp = RoundSampling(zeros, jnp.full((bs,), VOCAB, jnp.int32), zeros + 1, jnp.full((bs, n), 0.5), zeros + 0.5)
+    sampled = jax.jit(lambda c, lg, act: commit(CFG, plan, c, logits=lg, active=act, sampling=smp))(cache, logits, active)
+    for a, b in zip(jax.tree.leaves(sampled), jax.tree.leaves(by_logits)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    with pytest.raises(ValueError, match="chains only"):
+        commit(CFG, plan, cache, logits=logits, sampling=smp, draft_probs=jnp.zeros((bs, 3, VOCAB)))
+    with pytest.raises(ValueError, match="needs the verify forward's logits"):
+        commit(CFG, plan, cache, target_predict=tp, sampling=smp)
     with pytest.raises(ValueError, match="exactly one of logits and target_predict"):
         commit(CFG, plan, cache)
     with pytest.raises(ValueError, match="needs a DraftResults"):

@@ -1,4 +1,4 @@
-"""jaxspec.engine: compiled greedy speculative and plain decode loops over any target + drafter meeting
+"""jaxspec.engine: compiled speculative and plain decode loops (greedy or sampled) over any target + drafter meeting
 ``jaxspec.protocols``."""
 
 from jaxspec.engine.engine import Engine as Engine

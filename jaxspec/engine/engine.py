@@ -99,6 +99,12 @@ def _compiled(graphdef, treedef, opts: EngineOptions, checks: bool) -> _Compiled
     )
 
 
+def _pad(x: np.ndarray, b: int, fill) -> np.ndarray:
+    out = np.full((b,), fill, x.dtype)
+    out[: x.size] = x
+    return out
+
+
 def _free_memory_bytes() -> tuple[int, str]:
     """Free memory of the default device (GPU: allocator limit minus use; CPU: ``MemAvailable``)."""
     stats = jax.devices()[0].memory_stats() or {}
@@ -128,8 +134,72 @@ def _split_models(target, drafter):
     return graphdef, treedef, leaves
 
 
+def _check_verify(verify, threshold_single, threshold_acc, spec, drafter) -> tuple[float, float]:
+    if verify not in ("target_only", "draft_probs"):
+        raise ValueError(f"verify: expected 'target_only' or 'draft_probs', got {verify!r}")
+    out = []
+    for name, x in (("threshold_single", threshold_single), ("threshold_acc", threshold_acc)):
+        if isinstance(x, bool) or not isinstance(x, (int, float)) or not 0.0 <= float(x) <= 1.0:
+            raise ValueError(f"{name}: expected a float in [0, 1] (1.0 = lossless), got {x!r}")
+        out.append(float(x))
+    if verify == "draft_probs":
+        if spec is None or spec.topk != 1:
+            raise ValueError(
+                f"verify='draft_probs': implemented for chains (spec.topk == 1) only, got spec={spec}. For trees the "
+                "rule is exact only if siblings are drawn without replacement from the draft distribution and "
+                "each rejection recurses on the residual norm(max(p - q, 0)) (SpecInfer-style); jaxspec's "
+                "MTP trees take siblings top-k, for which it is not exact. Use verify='target_only' for trees."
+            )
+        if not getattr(drafter, "sample_drafts", False):
+            raise ValueError(
+                f"drafter: verify='draft_probs' needs a drafter that samples its chain and returns the draft "
+                f"probabilities (attribute sample_drafts=True, e.g. MTPDrafter(model, sample_drafts=True)); "
+                f"{type(drafter).__name__} does not"
+            )
+        if out != [1.0, 1.0]:
+            raise ValueError(f"threshold_single / threshold_acc: apply to verify='target_only' only, got {out}")
+    return out[0], out[1]
+
+
+def _per_request(name: str, x, b: int, dtype) -> np.ndarray:
+    """A scalar or one value per request -> ``np.ndarray (b,)`` (``None`` entries kept as NaN for floats)."""
+    a = np.asarray(x, dtype=object if dtype is None else None)
+    if a.ndim == 0:
+        a = np.full((b,), a.item(), dtype=object)
+    if a.ndim != 1 or a.shape[0] != b:
+        raise ValueError(f"{name}: expected a scalar or one value per request ({b}), got shape {np.shape(x)}")
+    return a.astype(object)
+
+
+def _check_sampling(b: int, vocab: int, temperature, top_k, top_p, seed) -> tuple[np.ndarray, ...]:
+    """Host-boundary checks of the sampling parameters; errors name the request index and the parameter."""
+
+    def each(name, x, ok, want):
+        vals = _per_request(name, x, b, None)
+        for i, v in enumerate(vals):
+            if not ok(v):
+                raise ValueError(f"{name}[{i}] (request {i}): expected {want}, got {v!r}")
+        return vals
+
+    def real(v):
+        return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, (bool, np.bool_))
+
+    def integer(v):
+        return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+
+    t = each("temperature", temperature, lambda v: real(v) and np.isfinite(v) and v >= 0,
+             "a finite float >= 0 (0 = greedy)")
+    k = each("top_k", -1 if top_k is None else top_k,
+             lambda v: v is None or (integer(v) and (v == -1 or 1 <= v <= vocab)),
+             f"an int in [1, {vocab}] (the vocabulary size), or -1 / None = off")
+    p = each("top_p", top_p, lambda v: real(v) and 0 < v <= 1, "a float in (0, 1]")
+    s = each("seed", seed, lambda v: integer(v) and 0 <= v < 2**31, "an int in [0, 2**31)")
+    k = np.array([vocab if v is None or v == -1 else int(v) for v in k], np.int32)
+    return t.astype(np.float32), k, p.astype(np.float32), s.astype(np.int32)
+
+
 class Engine:
-    """Greedy decoding of any ``TargetModel`` with a ``Drafter`` (``spec``) or plain (``spec=None``).
+    """Greedy or sampled decoding of any ``TargetModel`` with a ``Drafter`` (``spec``) or plain (``spec=None``).
 
     Args:
       target: a ``jaxspec.protocols.TargetModel`` (pytree of arrays or NNX module).
@@ -145,6 +215,19 @@ class Engine:
       implementation / interpret: forwarded to the kernels of the round (see ``EngineOptions``).
       memory_limit_bytes: what the pools may take (default ``MEMORY_FRACTION`` of the free memory);
         a pool that needs more is refused here, with the bytes it would need.
+      verify: how batches with sampling verify (greedy batches always verify greedily):
+        ``"target_only"`` (default): SGLang's target-only tree rejection sampling, drafts taken top-k
+        (``eagle_sample(greedy=False)``); exact (lossless in distribution) with thresholds 1.0 / 1.0.
+        ``"draft_probs"``: the classic rule ``min(1, p/q)`` with the drafter's SAMPLED chain and its
+        probabilities (``ops.verify.chain_speculative_sampling``); chains only (``K == 1``) and a drafter
+        that samples (``MTPDrafter(model, sample_drafts=True)``); exact for any ``q``.
+      threshold_single / threshold_acc: SGLang's acceptance thresholds for ``"target_only"`` in ``[0, 1]``
+        (static; 1.0 = lossless, lower = more accepted drafts and a biased distribution).
+
+    Sampling: ``generate(..., temperature=, top_k=, top_p=, seed=)`` per request (see ``prepare``). A batch
+    whose temperatures are all 0 runs the greedy executable (bit-identical to the greedy loop); any other
+    batch runs the sampling executable (one per engine and shape bucket; the values are arrays, so new
+    values never recompile), in which temperature-0 requests still decode greedily.
     """
 
     def __init__(
@@ -162,6 +245,9 @@ class Engine:
         interpret: bool = False,
         seed: int = 0,
         memory_limit_bytes: int | None = None,
+        verify: str = "target_only",
+        threshold_single: float = 1.0,
+        threshold_acc: float = 1.0,
     ):
         check_implements(target, TargetModel, "target")
         if spec is not None and not isinstance(spec, SpecConfig):
@@ -179,7 +265,11 @@ class Engine:
                 raise ValueError(f"{name}: expected an int >= {lo}, got {v!r}")
         if eos_id is not None and not 0 <= eos_id < self.vocab_size:
             raise ValueError(f"eos_id: expected a token id in [0, {self.vocab_size}), got {eos_id}")
-        self.opts = EngineOptions(spec=spec, page_size=page_size, implementation=implementation, interpret=interpret)
+        thresholds = _check_verify(verify, threshold_single, threshold_acc, spec, drafter)
+        self.opts = EngineOptions(
+            spec=spec, page_size=page_size, implementation=implementation, interpret=interpret, verify=verify,
+            threshold_single=thresholds[0], threshold_acc=thresholds[1],
+        )
         self.eos_id = -1 if eos_id is None else int(eos_id)
         self.max_context = max_context
         self.page_size = page_size
@@ -243,10 +333,18 @@ class Engine:
                 )
         return arrs, mnt.astype(np.int32)
 
-    def prepare(self, prompts: Sequence, max_new_tokens) -> tuple:
+    def prepare(self, prompts: Sequence, max_new_tokens, *, temperature=0.0, top_k=None, top_p=1.0, seed=0) -> tuple:
         """Validate, pad to the buckets and allocate: returns device ``(state, prompts (B, P), prompt_lens (B,))``
-        with ``B`` the batch bucket (rows past ``len(prompts)`` are padding, done from the start)."""
+        with ``B`` the batch bucket (rows past ``len(prompts)`` are padding, done from the start).
+
+        Sampling parameters, each a scalar (every request) or a sequence with one value per request:
+        ``temperature`` finite ``>= 0`` (0 = greedy); ``top_k`` an int in ``[1, V]``, or ``-1`` / ``None`` =
+        off; ``top_p`` in ``(0, 1]`` (1 = off); ``seed`` an int in ``[0, 2**31)`` (the request's coins
+        depend on it and on its own round counter only). A bad value raises ``ValueError`` naming the
+        parameter and the request index. All temperatures 0 -> the greedy executable (``all_greedy``).
+        """
         arrs, mnt = self._check_prompts(prompts, max_new_tokens)
+        temps, top_ks, top_ps, seeds = _check_sampling(len(arrs), self.vocab_size, temperature, top_k, top_p, seed)
         n, b = len(arrs), _next_pow2(len(arrs))
         lens = np.ones((b,), np.int32)  # padding rows: one token (id 0) on the dummy page
         lens[:n] = [a.size for a in arrs]
@@ -278,11 +376,12 @@ class Engine:
             num_rounds=zeros(),
             num_accepted=zeros(),
             sampling=SamplingParams(
-                temperature=jnp.zeros((b,), jnp.float32),
-                top_k=zeros(),
-                top_p=jnp.ones((b,), jnp.float32),
-                seed=zeros(),
+                temperature=jnp.asarray(_pad(temps, b, 0.0)),
+                top_k=jnp.asarray(_pad(top_ks, b, self.vocab_size)),
+                top_p=jnp.asarray(_pad(top_ps, b, 1.0)),
+                seed=jnp.asarray(_pad(seeds, b, 0)),
             ),
+            all_greedy=bool(np.all(temps == 0)),
         )
         return state, jnp.asarray(padded), jnp.asarray(lens)
 
@@ -325,13 +424,20 @@ class Engine:
             num_accepted=np.asarray(state.num_accepted)[:r],
         )
 
-    def generate(self, prompts: Sequence, max_new_tokens) -> GenerateResult:
-        """Greedy generation, whole loop on device (one XLA ``while_loop``)."""
-        return self.result(self.run(*self.prepare(prompts, max_new_tokens)), len(prompts))
+    def generate(
+        self, prompts: Sequence, max_new_tokens, *, temperature=0.0, top_k=None, top_p=1.0, seed=0
+    ) -> GenerateResult:
+        """Generation, whole loop on device (one XLA ``while_loop``); greedy by default, sampling with the
+        per-request ``temperature`` / ``top_k`` / ``top_p`` / ``seed`` (scalars or sequences, see ``prepare``)."""
+        kw = dict(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+        return self.result(self.run(*self.prepare(prompts, max_new_tokens, **kw)), len(prompts))
 
-    def generate_host_driven(self, prompts: Sequence, max_new_tokens) -> GenerateResult:
-        """Greedy generation with one jitted call per round and a host ``done`` poll per round."""
-        state = self.run_prefill(*self.prepare(prompts, max_new_tokens))
+    def generate_host_driven(
+        self, prompts: Sequence, max_new_tokens, *, temperature=0.0, top_k=None, top_p=1.0, seed=0
+    ) -> GenerateResult:
+        """``generate`` with one jitted call per round and a host ``done`` poll per round."""
+        kw = dict(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+        state = self.run_prefill(*self.prepare(prompts, max_new_tokens, **kw))
         while not bool(jnp.all(state.done)):
             state = self.run_step(state)
         return self.result(state, len(prompts))

@@ -21,12 +21,20 @@ class EngineOptions:
     page_size: ``G`` of the KV pages (static in every ``AttentionMetadata``).
     implementation / interpret: forwarded to the ``jaxspec.kernels`` ops of the round ("auto" = jnp
       reference on CPU, Pallas on GPU; "pallas" + ``interpret=True`` runs the Pallas kernels interpreted).
+    verify: how sampling batches verify: ``"target_only"`` (SGLang's tree rejection sampling, drafts taken
+      top-k) or ``"draft_probs"`` (the classic rule with the drafter's sampled chain and its probabilities;
+      chains only). Greedy batches always verify greedily.
+    threshold_single / threshold_acc: SGLang's acceptance thresholds of ``"target_only"`` (1.0 / 1.0 =
+      lossless; smaller values accept more drafts and bias the output distribution).
     """
 
     spec: SpecConfig | None = None
     page_size: int = 1
     implementation: str = "auto"
     interpret: bool = False
+    verify: str = "target_only"
+    threshold_single: float = 1.0
+    threshold_acc: float = 1.0
 
     @property
     def verify_width(self) -> int:
@@ -39,8 +47,10 @@ class EngineOptions:
 class SamplingParams:
     """Per-request sampling parameters, arrays of the compiled loop (changing them never recompiles).
 
-    temperature: f32[B], 0 = greedy. top_k: i32[B] (0 = off). top_p: f32[B] in (0, 1]. seed: i32[B].
-    The loop is greedy today (``Engine`` fills temperature 0); issue 11 adds the sampling path.
+    temperature: f32[B], 0 = greedy. top_k: i32[B] in [1, V] (V = off). top_p: f32[B] in (0, 1].
+    seed: i32[B] >= 0. Coins of request ``b`` come from ``fold_in(key(seed[b]), r)`` with ``r = 0`` for the
+    prefill's token and ``r = 1 + num_rounds[b]`` for its rounds: never from the batch position, so a
+    request draws the same tokens whatever batch it runs in.
     """
 
     temperature: jax.Array
@@ -66,6 +76,9 @@ class DecodeState:
     eos_id: i32[] stop token, -1 for none (a value, so changing it does not recompile).
     num_rounds: i32[B] rounds in which the request was active; num_accepted: i32[B] sum of accept_lens.
     sampling: per-request ``SamplingParams``.
+    all_greedy: static; ``True`` when every request has temperature 0: the loops then take the greedy
+      executable (SGLang's ``is_all_greedy``), else the sampling-capable one (temperature-0 rows in it are
+      still greedy). It is part of the jit key, never a per-value recompile.
     """
 
     target_cache: PagedKVCache
@@ -80,3 +93,4 @@ class DecodeState:
     num_rounds: jax.Array
     num_accepted: jax.Array
     sampling: SamplingParams
+    all_greedy: bool = dataclasses.field(default=True, metadata=dict(static=True))

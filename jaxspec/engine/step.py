@@ -15,6 +15,7 @@ import jax.numpy as jnp
 
 from jaxspec import round as rnd
 from jaxspec.engine.state import DecodeState, EngineOptions
+from jaxspec.ops.accept import MAX_COIN, sample_from_probs, sampling_probs
 
 
 def _kernel_kw(opts: EngineOptions) -> dict:
@@ -48,20 +49,63 @@ def _greedy(logits: jax.Array) -> jax.Array:
     return jnp.argmax(logits, axis=-1).astype(jnp.int32)
 
 
+def request_keys(state: DecodeState, fold: jax.Array, num: int) -> jax.Array:
+    """``num`` PRNG keys per request ``(B, num)``: ``split(fold_in(key(seed[b]), fold[b]), num)``. They depend
+    on the request's own seed and counter only (never on its batch row or the other requests)."""
+
+    def one(seed, r):
+        return jax.random.split(jax.random.fold_in(jax.random.key(seed), r), num)
+
+    return jax.vmap(one)(state.sampling.seed, fold)
+
+
+def _coins(keys: jax.Array, shape: tuple) -> jax.Array:
+    """``f32[B, *shape]`` coins in ``[0, 1)``, one stream per row key (``make_coins``'s clamp)."""
+    u = jax.vmap(lambda k: jax.random.uniform(k, shape, jnp.float32))(keys)
+    return jnp.minimum(u, jnp.float32(MAX_COIN))
+
+
+def sample_next(state: DecodeState, logits: jax.Array, coins: jax.Array) -> jax.Array:
+    """One token per request from ``logits f32[B, V]`` under its sampling parameters (``sampling_probs``:
+    temperature-0 rows are greedy, ``argmax``)."""
+    sp = state.sampling
+    probs = sampling_probs(logits[:, None, :], sp.temperature, sp.top_k, sp.top_p)[:, 0]
+    return sample_from_probs(probs, coins)
+
+
+def _draft_sampling(state: DecodeState, keys: jax.Array, num_steps: int) -> rnd.DraftSampling:
+    sp = state.sampling
+    return rnd.DraftSampling(sp.temperature, sp.top_k, sp.top_p, _coins(keys, (num_steps,)))
+
+
+def _draft_probs_mode(opts: EngineOptions, state: DecodeState) -> bool:
+    return opts.verify == "draft_probs" and not state.all_greedy
+
+
 def prefill(target, drafter, opts: EngineOptions, state: DecodeState, prompts: jax.Array, prompt_lens: jax.Array):
     """Target prefill of right-padded ``prompts (B, P)`` + the drafter's extend; returns the new state.
 
-    The first token (greedy) becomes the bonus and the first output; ``seq_lens = prompt_lens``.
+    The first token becomes the bonus and the first output; ``seq_lens = prompt_lens``. Greedy
+    (``state.all_greedy``): the argmax. Else sampled with the keys ``fold_in(key(seed), 0)`` (split: the
+    token's coin, and the drafter's coins in ``verify="draft_probs"``).
     """
     b, p = prompts.shape
     r2t = state.target_cache.req_to_token
     meta = rnd.prefill_metadata(prompt_lens, r2t, p, page_size=opts.page_size, **_kernel_kw(opts))
     logits, hidden, tcache = target.forward(prompts, meta, state.target_cache)
     rows = jnp.arange(b, dtype=jnp.int32)
-    first = _greedy(logits[rows, prompt_lens - 1])
+    last = logits[rows, prompt_lens - 1]
+    kw = {}
+    if state.all_greedy:
+        first = _greedy(last)
+    else:
+        keys = request_keys(state, jnp.zeros((b,), jnp.int32), 2)
+        first = sample_next(state, last, _coins(keys[:, 0], ()))
+        if _draft_probs_mode(opts, state):
+            kw = dict(sampling=_draft_sampling(state, keys[:, 1], opts.spec.num_steps))
     draft = state.draft
     if drafter is not None:
-        draft = drafter.extend_after_prefill(opts.spec, draft, prompts, hidden, meta, prompt_lens, first)
+        draft = drafter.extend_after_prefill(opts.spec, draft, prompts, hidden, meta, prompt_lens, first, **kw)
     state = dataclasses.replace(state, target_cache=tcache, draft=draft, seq_lens=prompt_lens, bonus=first)
     out, num, done = append_tokens(state, first[:, None], jnp.ones((b,), jnp.int32))
     return dataclasses.replace(state, out_tokens=out, num_generated=num, done=done)
@@ -69,7 +113,11 @@ def prefill(target, drafter, opts: EngineOptions, state: DecodeState, prompts: j
 
 def spec_step(target, drafter, opts: EngineOptions, state: DecodeState) -> DecodeState:
     """One speculative round for the whole batch (traced). Requests already ``done`` are computed but
-    frozen (their writes stay inside their own, already reserved window)."""
+    frozen (their writes stay inside their own, already reserved window).
+
+    Sampling batches (``not state.all_greedy``): each request's round keys are
+    ``split(fold_in(key(seed), 1 + num_rounds), 3)`` (verify coins ``(N,)`` + final coin, drafter coins
+    ``(S,)``); ``round.commit`` verifies with ``opts.verify``."""
     spec, kw = opts.spec, _kernel_kw(opts)
     seq, r2t = state.seq_lens, state.target_cache.req_to_token
     active = ~state.done
@@ -77,8 +125,31 @@ def spec_step(target, drafter, opts: EngineOptions, state: DecodeState) -> Decod
     draft, dstate = drafter.propose(spec, state.draft, state.bonus, root)
     plan = rnd.plan_verify(spec, state.bonus, draft, seq, r2t, page_size=opts.page_size, **kw)
     logits, hidden, tcache = target.forward(plan.tokens, plan.meta, state.target_cache)
-    out = rnd.commit(spec, plan, tcache, logits=logits, hidden=hidden, active=active, **kw)
-    dstate = drafter.extend_after_verify(spec, dstate, out.window_tokens, out.window_hidden, out.draft_meta, out.accept_lens)
+    ext = {}
+    if state.all_greedy:
+        out = rnd.commit(spec, plan, tcache, logits=logits, hidden=hidden, active=active, **kw)
+    else:
+        keys = request_keys(state, state.num_rounds + 1, 3)
+        sp = state.sampling
+        sampling = rnd.RoundSampling(
+            sp.temperature, sp.top_k, sp.top_p, _coins(keys[:, 0], (spec.num_draft_tokens,)), _coins(keys[:, 1], ())
+        )
+        draft_probs = None
+        if _draft_probs_mode(opts, state):
+            if not isinstance(draft, rnd.ChainDraft):
+                raise ValueError(
+                    f"drafter: verify='draft_probs' needs propose to return a round.ChainDraft (sampled tokens and "
+                    f"their probabilities), got {type(draft).__name__}"
+                )
+            draft_probs = draft.probs
+            ext = dict(sampling=_draft_sampling(state, keys[:, 2], spec.num_steps))
+        out = rnd.commit(
+            spec, plan, tcache, logits=logits, hidden=hidden, active=active, sampling=sampling,
+            draft_probs=draft_probs, threshold_single=opts.threshold_single, threshold_acc=opts.threshold_acc, **kw,
+        )
+    dstate = drafter.extend_after_verify(
+        spec, dstate, out.window_tokens, out.window_hidden, out.draft_meta, out.accept_lens, **ext
+    )
     out_tokens, num, done = append_tokens(state, out.accepted, out.accept_lens)
     return dataclasses.replace(
         state,
@@ -95,12 +166,16 @@ def spec_step(target, drafter, opts: EngineOptions, state: DecodeState) -> Decod
 
 
 def plain_step(target, opts: EngineOptions, state: DecodeState) -> DecodeState:
-    """One plain greedy decode step: commit ``bonus`` at ``seq_lens`` and predict the next token."""
+    """One plain decode step: commit ``bonus`` at ``seq_lens`` and predict the next token (greedy, or
+    sampled with the key ``fold_in(key(seed), 1 + num_rounds)`` in sampling batches)."""
     b = state.seq_lens.shape[0]
     seq = state.seq_lens
     meta = rnd.decode_metadata(seq, state.target_cache.req_to_token, page_size=opts.page_size, **_kernel_kw(opts))
     logits, _, tcache = target.forward(state.bonus[:, None], meta, state.target_cache)
-    nxt = _greedy(logits[:, 0])
+    if state.all_greedy:
+        nxt = _greedy(logits[:, 0])
+    else:
+        nxt = sample_next(state, logits[:, 0], _coins(request_keys(state, state.num_rounds + 1, 1)[:, 0], ()))
     active = ~state.done
     out_tokens, num, done = append_tokens(state, nxt[:, None], jnp.ones((b,), jnp.int32))
     return dataclasses.replace(

@@ -13,7 +13,11 @@ token, so the draft KV of the last ``s`` committed positions of layer ``s`` is c
 kept. The seed's CUDA-graph "KV-cache reversion" (``assign_hidden_states_pool``) re-runs those rows; it is
 not ported: it only affects draft quality, never the output (verify is exact).
 
-Proposal: chain (``K == 1``) = the S per-layer argmax tokens of the last extend. Tree (``K > 1``) = S-1
+Proposal: chain (``K == 1``) = the S per-layer argmax tokens of the last extend. With
+``sample_drafts=True`` and a ``sampling`` argument (``round.DraftSampling``, the engine's
+``verify="draft_probs"`` mode) layer ``s`` instead SAMPLES its token from ``ops.accept.sampling_probs`` of its
+logits (the request's temperature / top-k / top-p, coin ``sampling.coins[:, s]``), feeds it to layer ``s + 1``
+and records that distribution; ``propose`` then returns a ``round.ChainDraft`` (tokens + probabilities). Tree (``K > 1``) = S-1
 beam forwards: MTP layer ``i`` on the ``B*K`` beams of step ``i`` (``select_top_k_tokens``), beams at the
 row of the last committed target hidden (position ``seq_lens - 1``), attending to that layer's committed
 KV (positions ``< seq_lens - 1``) plus themselves, writing no KV; then ``organize_draft_results``. The S-1
@@ -28,8 +32,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxspec.kernels.multi_layer_eagle import rotate_input_ids
+from jaxspec.ops.accept import sample_from_probs, sampling_probs
 from jaxspec.ops.draft import DraftResults, organize_draft_results, select_top_k_tokens
 from jaxspec.protocols import AttentionMetadata, MTPHead, PagedKVCache, check_implements
+from jaxspec.round import ChainDraft
 
 
 @jax.tree_util.register_dataclass
@@ -41,12 +47,15 @@ class MTPDraftState:
     topk_p: ``f32[B, X]`` / topk_index: ``i32[B, X]`` the next proposal: chain ``X = S`` (the per-layer
       argmax tokens), tree ``X = K`` (MTP layer 0's top-K).
     hidden: ``f32[B, F]`` MTP layer 0's hidden at the selected row (parent state of the tree beams).
+    draft_probs: ``f32[B, S, V]`` the distributions the chain was drawn from (``sample_drafts``; one-hot at
+      the argmax after a greedy extend), else ``None``.
     """
 
     cache: PagedKVCache
     topk_p: jax.Array
     topk_index: jax.Array
     hidden: jax.Array
+    draft_probs: jax.Array | None = None
 
 
 def _topk(logits: jax.Array, k: int):
@@ -62,15 +71,19 @@ class MTPDrafter:
     """Drafter over an ``MTPHead`` (``head``: a pytree or NNX module; often the target itself, which
     shares its embedding and LM head with the MTP layers). ``feature_size``: width F of the hidden that
     layer 0 consumes (default ``head.feature_size``). ``implementation`` / ``interpret`` go to the
-    ``jaxspec.kernels`` ops (``rotate_input_ids``)."""
+    ``jaxspec.kernels`` ops (``rotate_input_ids``). ``sample_drafts``: chains only; sample the chain and keep
+    its distributions when the engine passes ``sampling`` (``verify="draft_probs"``)."""
 
     head: object
     feature_size: int | None = dataclasses.field(default=None, metadata=dict(static=True))
     implementation: str = dataclasses.field(default="auto", metadata=dict(static=True))
     interpret: bool = dataclasses.field(default=False, metadata=dict(static=True))
+    sample_drafts: bool = dataclasses.field(default=False, metadata=dict(static=True))
 
     def __post_init__(self):
         check_implements(self.head, MTPHead, "head")
+        if not isinstance(self.sample_drafts, bool):
+            raise ValueError(f"sample_drafts: expected a bool, got {self.sample_drafts!r}")
         if self.feature_size is None:
             if not isinstance(getattr(self.head, "feature_size", None), int):
                 raise ValueError("feature_size: give the width F of the target's hidden feature (the head has none)")
@@ -91,24 +104,43 @@ class MTPDrafter:
     def init_state(self, spec, req_to_token, num_slots: int) -> MTPDraftState:
         b = req_to_token.shape[0]
         x = spec.num_steps if spec.topk == 1 else spec.topk
+        if self.sample_drafts and spec.topk != 1:
+            raise ValueError(f"sample_drafts: MTPDrafter samples chains only (spec.topk == 1), got topk={spec.topk}")
         cache = self.head.make_draft_cache(req_to_token, num_slots)
+        probs = None
+        if self.sample_drafts:
+            v = getattr(self.head, "vocab_size", None)
+            if not isinstance(v, int):
+                raise ValueError("sample_drafts: the head needs an int vocab_size (width of the draft distributions)")
+            probs = jnp.zeros((b, spec.num_steps, v), jnp.float32)
         return MTPDraftState(
             cache=cache,
             topk_p=jnp.zeros((b, x), jnp.float32),
             topk_index=jnp.zeros((b, x), jnp.int32),
             hidden=jnp.zeros((b, self.feature_size), jnp.float32),
+            draft_probs=probs,
         )
 
     # ---------------------------------------------------------------- jitted
-    def _extend(self, spec, cache, ids, h, meta, starts, lens, select) -> MTPDraftState:
+    def _extend(self, spec, cache, ids, h, meta, starts, lens, select, sampling=None) -> MTPDraftState:
         """MTP layers 0..S-1 over ``ids/h (B, Q)`` with the seed's rotations; returns the new state."""
+        if sampling is not None and not self.sample_drafts:
+            raise ValueError("sampling: this MTPDrafter was built with sample_drafts=False")
         b, q = ids.shape
         flat = ids.reshape(b * q)
-        chain_p, chain_i = [], []
+        chain_p, chain_i, chain_q = [], [], []
         first = None
         for s in range(spec.num_steps):
             logits, h, cache = self.head.mtp_forward(s, h, flat.reshape(b, q), meta, cache)
-            p, idx = _topk(logits.reshape(b * q, -1)[select], spec.topk)
+            sel = logits.reshape(b * q, -1)[select]
+            p, idx = _topk(sel, spec.topk)
+            if self.sample_drafts:
+                if sampling is None:  # greedy batch: the argmax chain, recorded as one-hot distributions
+                    chain_q.append(jax.nn.one_hot(idx[:, 0], sel.shape[-1], dtype=jnp.float32))
+                else:
+                    qs = sampling_probs(sel[:, None], sampling.temperature, sampling.top_k, sampling.top_p)[:, 0]
+                    idx = sample_from_probs(qs, sampling.coins[:, s])[:, None]
+                    chain_q.append(qs)
             if s == 0:  # carried as float32 (exact for bf16 / f16 heads; a fixed loop-carry dtype)
                 first = (p, idx, h.reshape(b * q, -1)[select].astype(jnp.float32))
             chain_p.append(p[:, :1])
@@ -116,27 +148,32 @@ class MTPDrafter:
             if s + 1 < spec.num_steps:
                 flat = rotate_input_ids(flat, starts, lens, idx[:, :1], select, **self._kw())
         if spec.topk == 1:
-            return MTPDraftState(cache, jnp.concatenate(chain_p, 1), jnp.concatenate(chain_i, 1), first[2])
+            probs = jnp.stack(chain_q, 1) if self.sample_drafts else None
+            return MTPDraftState(cache, jnp.concatenate(chain_p, 1), jnp.concatenate(chain_i, 1), first[2], probs)
         return MTPDraftState(cache, first[0], first[1], first[2])
 
-    def extend_after_prefill(self, spec, state, tokens, hidden, meta, prompt_lens, first_tokens):
+    def extend_after_prefill(self, spec, state, tokens, hidden, meta, prompt_lens, first_tokens, *, sampling=None):
         b, p = tokens.shape
         starts = jnp.arange(b, dtype=jnp.int32) * p
         # The next token of prompt row j is prompt[j + 1]; after the last prompt row it is the first token.
         ids = rotate_input_ids(tokens.reshape(b * p), starts, prompt_lens, first_tokens[:, None], **self._kw())
         return self._extend(
-            spec, state.cache, ids.reshape(b, p), hidden, meta, starts, prompt_lens, starts + prompt_lens - 1
+            spec, state.cache, ids.reshape(b, p), hidden, meta, starts, prompt_lens, starts + prompt_lens - 1,
+            sampling,
         )
 
-    def extend_after_verify(self, spec, state, tokens, hidden, meta, accept_lens):
+    def extend_after_verify(self, spec, state, tokens, hidden, meta, accept_lens, *, sampling=None):
         b, n = tokens.shape
         starts = jnp.arange(b, dtype=jnp.int32) * n
         return self._extend(
-            spec, state.cache, tokens, hidden, meta, starts, jnp.full((b,), n, jnp.int32), starts + accept_lens - 1
+            spec, state.cache, tokens, hidden, meta, starts, jnp.full((b,), n, jnp.int32), starts + accept_lens - 1,
+            sampling,
         )
 
     def propose(self, spec, state, bonus, meta: AttentionMetadata):
         if spec.topk == 1:
+            if state.draft_probs is not None:
+                return ChainDraft(state.topk_index, state.draft_probs), state
             return state.topk_index, state
         return self._draft_tree(spec, state, meta), state
 

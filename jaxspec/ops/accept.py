@@ -68,6 +68,58 @@ def _greedy(logits, tree, *, num_steps, topk):
     return _to_output(_verify._verify_tree_greedy(tree, target_predict, num_steps=num_steps, topk=topk))
 
 
+def _sampling_probs(logits, temperatures, top_ks, top_ps, *, checks):
+    """``logits (B, M, V)`` -> float32 probabilities ``(B, M, V)`` (traced; see ``sampling_probs``)."""
+    b, n, v = logits.shape
+    if checks:
+        checkify.check(jnp.all(temperatures >= 0), "temperatures: expected values >= 0 (0 = greedy)")
+    # softmax(logits / T) in float32, T repeated per node (upstream: repeat_interleave(temperatures, N)).
+    # A request with T <= 0 (or NaN) samples greedily: its rows are one-hot at the first argmax.
+    greedy = ~(temperatures > 0)
+    scaled = logits.astype(jnp.float32) / jnp.where(greedy, 1.0, temperatures)[:, None, None]
+    probs = jax.nn.softmax(scaled, axis=-1)
+    one_hot = jax.nn.one_hot(jnp.argmax(logits, axis=-1), v, dtype=jnp.float32)
+    probs = jnp.where(greedy[:, None, None], one_hot, probs).reshape(b * n, v)
+    if top_ks is not None:
+        probs = _verify._top_k_renorm(probs, jnp.repeat(top_ks, n, total_repeat_length=b * n), checks=checks)
+    if top_ps is not None:
+        probs = _verify._top_p_renorm(probs, jnp.repeat(top_ps, n, total_repeat_length=b * n), checks=checks)
+    return probs.reshape(b, n, v)
+
+
+def sampling_probs(
+    logits: Float[Array, "B M V"],
+    temperatures: Float[Array, "B"],
+    top_ks: Int32[Array, "B"] | None = None,
+    top_ps: Float[Array, "B"] | None = None,
+) -> Float[Array, "B M V"]:
+    """The sampling distribution ``eagle_sample(greedy=False)`` verifies against, for any logits.
+
+    ``softmax(logits / T)`` in float32 (each request's temperature over its ``M`` rows; ``T == 0`` gives a
+    one-hot row at the first argmax, i.e. greedy), then ``top_k_renorm_prob`` when ``top_ks`` is given and
+    ``top_p_renorm_prob`` when ``top_ps`` is given -- the exact processing of ``eagle_sample``'s sampling
+    path (which calls this), so a plain sampler, a drafter and the verifier share one definition.
+    Jittable; values are checked in checked mode only (host values are the caller's to check).
+    """
+    logits = _verify._floats("logits", logits, (None, None, None), _LOGIT_DTYPES)
+    b = logits.shape[0]
+    temperatures = _verify._floats("temperatures", temperatures, (b,), (np.float32,))
+    if top_ks is not None:
+        top_ks = _verify._ints("top_ks", top_ks, (b,))
+    if top_ps is not None:
+        top_ps = _verify._floats("top_ps", top_ps, (b,), (np.float32,))
+    return _validate.call_checked(_sampling_probs_jit, logits, temperatures, top_ks, top_ps)
+
+
+_sampling_probs_jit = jax.jit(_sampling_probs, static_argnames=("checks",))
+
+
+def sample_from_probs(probs: Float[Array, "B V"], coins: Float[Array, "B"]) -> Int32[Array, "B"]:
+    """One token per row of ``probs`` by inverse CDF with ``coins`` in ``[0, 1)`` (FlashInfer's index rule,
+    ``ops.verify.sample_residual``): a one-hot row returns its index whatever the coin."""
+    return _verify.sample_residual(probs, coins)
+
+
 @functools.partial(jax.jit, static_argnames=("num_steps", "topk", "threshold_single", "threshold_acc", "checks"))
 def _sampling(
     logits, tree, temperatures, top_ks, top_ps, coins, final, *, num_steps, topk, threshold_single, threshold_acc,
@@ -75,19 +127,7 @@ def _sampling(
 ):
     b, n = tree.candidates.shape
     v = logits.shape[-1]
-    if checks:
-        checkify.check(jnp.all(temperatures >= 0), "temperatures: expected values >= 0 (0 = greedy)")
-    # softmax(logits / T) in float32, T repeated per node (upstream: repeat_interleave(temperatures, N)).
-    # A request with T <= 0 (or NaN) samples greedily: its rows are one-hot at the first argmax.
-    greedy = ~(temperatures > 0)
-    scaled = logits.astype(jnp.float32).reshape(b, n, v) / jnp.where(greedy, 1.0, temperatures)[:, None, None]
-    probs = jax.nn.softmax(scaled, axis=-1)
-    one_hot = jax.nn.one_hot(jnp.argmax(logits.reshape(b, n, v), axis=-1), v, dtype=jnp.float32)
-    probs = jnp.where(greedy[:, None, None], one_hot, probs).reshape(b * n, v)
-    if top_ks is not None:
-        probs = _verify._top_k_renorm(probs, jnp.repeat(top_ks, n, total_repeat_length=b * n), checks=checks)
-    if top_ps is not None:
-        probs = _verify._top_p_renorm(probs, jnp.repeat(top_ps, n, total_repeat_length=b * n), checks=checks)
+    probs = _sampling_probs(logits.reshape(b, n, v), temperatures, top_ks, top_ps, checks=checks).reshape(b * n, v)
     out = _verify._tree_speculative_sampling(
         tree,
         coins,

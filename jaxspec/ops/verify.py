@@ -430,6 +430,90 @@ def tree_speculative_sampling_target_only(
 
 
 # ----------------------------------------------------------------------------------------------------
+# chain_speculative_sampling: the classic rule with draft probabilities (not an SGLang op)
+# ----------------------------------------------------------------------------------------------------
+
+
+@functools.partial(jax.jit, static_argnames=("checks",))
+def _chain_speculative_sampling(candidates, coins, final_coins, target_probs, draft_probs, *, checks=False):
+    if checks:
+        _check_probs("target_probs", target_probs)
+        _check_coins("uniform_samples", coins)
+        _check_coins("uniform_samples_for_final_sampling", final_coins)
+    b, n, v = target_probs.shape
+    s = n - 1
+    x = jnp.clip(candidates[:, 1:], 0, v - 1)  # (B, S) drafts; draft i+1 is judged on the row of node i
+    p = jnp.take_along_axis(target_probs[:, :s], x[..., None], axis=2)[..., 0]
+    q = jnp.take_along_axis(draft_probs, x[..., None], axis=2)[..., 0]
+    # Accept with probability min(1, p/q): coin < p/q, written without a division (q = 0 accepts iff p > 0).
+    ok = (p > 0) & (coins[:, :s] * q < p)
+    num = jnp.sum(jnp.cumprod(ok.astype(jnp.int32), axis=1), axis=1).astype(jnp.int32)
+    # Correction after a rejection at depth `num`: norm(max(p - q, 0)); after S acceptances: p itself.
+    row_p = _row_take3(target_probs, num)
+    row_q = jnp.where((num < s)[:, None], _row_take3(draft_probs, jnp.minimum(num, s - 1)), 0.0)
+    residual = jnp.maximum(row_p - row_q, 0.0)
+    residual = jnp.where(jnp.sum(residual, axis=-1, keepdims=True) > 0, residual, row_p)  # float-rounding guard
+    bonus = sample_residual(residual, final_coins)
+    iota = lax.broadcasted_iota(jnp.int32, (b, s + 1), 1)
+    gid = jnp.arange(b, dtype=jnp.int32)[:, None] * n + iota
+    accept_index = jnp.where(iota <= num[:, None], gid, -1)
+    shifted = jnp.concatenate([candidates[:, 1:], jnp.zeros((b, 1), jnp.int32)], axis=1)
+    values = jnp.where(iota == num[:, None], bonus[:, None], shifted)
+    return VerifyOutput(_scatter_predict(b * n, accept_index, values), accept_index, num)
+
+
+def _row_take3(x, idx):
+    """``x[b, idx[b], :]`` for ``x (B, M, V)``."""
+    return jnp.take_along_axis(x, idx[:, None, None], axis=1, mode="clip")[:, 0]
+
+
+def chain_speculative_sampling(
+    candidates: Int32[Array, "B N"],
+    uniform_samples: Float[Array, "B N"],
+    uniform_samples_for_final_sampling: Float[Array, "B"],
+    target_probs: Float[Array, "B N V"],
+    draft_probs: Float[Array, "B S V"],
+) -> VerifyOutput:
+    """Speculative sampling of a chain with the draft's probabilities (Leviathan et al. / Chen et al. 2023).
+
+    Node ``0`` of ``candidates`` is the root, node ``j >= 1`` the ``j``-th draft token ``x_j``, which the
+    drafter SAMPLED from ``draft_probs[b, j - 1]`` (``q_j``, its processed distribution given the root and
+    ``x_1..x_{j-1}``); ``target_probs[b, j]`` (``p_j``) is the target's distribution after node ``j``. Drafts
+    are accepted in order, ``x_j`` with probability ``min(1, p_{j-1}(x_j) / q_j(x_j))``
+    (``coin[b, j-1] * q < p``, coins ``uniform_samples``); at the first rejection the correction token is
+    drawn from ``norm(max(p - q, 0))`` of that depth, after ``S`` acceptances from ``p_S``
+    (``uniform_samples_for_final_sampling``, inverse CDF, ``sample_residual``). Every committed token is
+    then distributed exactly as sampling the target token by token, whatever ``q`` is, provided the
+    drafts really were drawn from ``q`` with coins independent of the verify coins. A one-hot ``p`` (greedy
+    target row) accepts exactly the target's argmax and corrects to it.
+
+    Not an SGLang op (SGLang's ``tree_speculative_sampling_target_only`` accepts with ``p`` alone and uses
+    no draft probabilities): this is the classic rule, exact for chains. Outputs follow the tree ops'
+    layout: ``VerifyOutput(predict (B*N,), accept_index (B, N) = b*N + i for i <= accepted else -1,
+    num_correct_drafts (B,))`` (``build_chain_tree``'s ``retrieve_index`` numbering).
+
+    Args:
+      candidates: ``(B, N)`` int chain tokens (root first), ``N = S + 1 >= 2``.
+      uniform_samples: ``(B, N)`` float32 coins in ``[0, 1)`` (column ``j`` judges draft ``j + 1``; the
+        last column is unused, kept for the tree ops' coin shape).
+      uniform_samples_for_final_sampling: ``(B,)`` float32 coins in ``[0, 1)``.
+      target_probs: ``(B, N, V)`` float32; draft_probs: ``(B, N - 1, V)`` float32.
+    """
+    candidates = _ints("candidates", candidates, (None, None))
+    b, n = candidates.shape
+    if n < 2:
+        raise ValueError(f"candidates: expected a chain of N >= 2 nodes (root + drafts), got shape {candidates.shape}")
+    coins = _floats("uniform_samples", uniform_samples, (b, n))
+    final = _floats("uniform_samples_for_final_sampling", uniform_samples_for_final_sampling, (b,))
+    target_probs = _floats("target_probs", target_probs, (b, n, None))
+    v = target_probs.shape[-1]
+    if v < 1:
+        raise ValueError(f"target_probs: expected a vocab size >= 1, got {target_probs.shape=}")
+    draft_probs = _floats("draft_probs", draft_probs, (b, n - 1, v))
+    return _validate.call_checked(_chain_speculative_sampling, candidates, coins, final, target_probs, draft_probs)
+
+
+# ----------------------------------------------------------------------------------------------------
 # top-k / top-p renormalisation (FlashInfer semantics)
 # ----------------------------------------------------------------------------------------------------
 
