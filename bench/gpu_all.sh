@@ -36,7 +36,7 @@ for p in $PARTS; do case $p in
   kernels) run kernels 300 $PY bench/kernels.py --move-configs 16x1,8x4 --span-modes par --reps 20 --json "$OUT/kernels.json" ;;
   check) run check 240 $PY -m jaxspec.interop.check --device cuda --seed 0 --cases 3 ;;
   step) run step 300 $PY bench/step.py --device cuda --json "$OUT/step.json" --png "$OUT/step.png" ;;
-  decode) run decode 240 $PY bench/decode.py --device gpu --json "$OUT/decode.json" ;;
+  decode) run decode 280 $PY bench/decode.py --device gpu --batch-sizes 1,32 --json "$OUT/decode.json" ;;
   # paged attention, ours (Mosaic GPU) vs SGLang's Triton extend/decode kernels vs jnp (~4.5 min at full
   # size; `attention-quick` for the subset). SGLang's attention files come from .originals (or
   # $JAXSPEC_ATTN_ORIGINALS/sglang-0.5.23/...); a missing original is reported per row, ours still timed.
