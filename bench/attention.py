@@ -111,6 +111,21 @@ def num_copies(kv_bytes: int) -> int:
     return int(min(32, max(2, -(-(200 << 20) // kv_bytes))))
 
 
+def _prefix_kernel(impl, scale):
+    """Our prefix kernel alone (``prefix_partials``, the paged part of ``paged_attention``), one element out."""
+    if impl == "mosaic":
+        from jaxspec.kernels.paged_attention_mosaic import prefix_partials
+    else:
+        from jaxspec.kernels.paged_attention_triton import prefix_partials
+
+    def call(q, k_new, v_new, k_pool, v_pool, page_table, prefix_lens, qmask):
+        acc, _, _ = prefix_partials(q, k_new.shape[2], k_pool, v_pool, page_table, prefix_lens, page_size=G,
+                                    sm_scale=scale)
+        return acc.reshape(-1)[:1].reshape(1, 1, 1, 1).astype(q.dtype)
+
+    return call
+
+
 def original_time_us(a, n, device="cuda"):
     """(us, output f32 numpy, kernel name) of SGLang's kernel on the same buffers."""
     import triton
@@ -143,6 +158,9 @@ def main(argv=None):
     p.add_argument("--json", default=None, help="write the rows as JSON here (rewritten after every row)")
     p.add_argument("--png", default=None, help="write the plot here")
     p.add_argument("--seed", type=int, default=0, help="seed of the random pages, lengths, masks and values")
+    p.add_argument("--breakdown", action="store_true",
+                   help="also time our prefix kernel alone (kernel_us); the rest of ours_us is the jnp glue around "
+                        "it (query reshape, the fresh tokens' partial, the merge of the partial softmaxes)")
     args = p.parse_args(argv)
     quick = args.quick
     bss = [int(x) for x in (args.batch or ("1,64" if quick else "1,16,64,128")).split(",")]
@@ -170,6 +188,9 @@ def main(argv=None):
                 copies = num_copies(kv_bytes)
                 row["copies"] = copies
                 row["ours_us"] = loop_time_us(ours, a, copies=copies)
+                if args.breakdown and impl in ("mosaic", "triton"):
+                    row["kernel_us"] = loop_time_us(_prefix_kernel(impl, scale), a, copies=copies)
+                    row["glue_us"] = row["ours_us"] - row["kernel_us"]
                 if args.triton and impl != "triton":
                     tri = lambda **kw: paged_attention(**kw, page_size=G, sm_scale=scale, implementation="triton")  # noqa
                     row["triton_err_ref"] = float(np.abs(np.asarray(tri(**a).astype(jnp.float32)) - want).max())
@@ -226,7 +247,7 @@ def _table(rows):
         f = lambda k, fmt="{:.1f}": fmt.format(r[k]) if k in r else "-"  # noqa: E731
         print(f"| {r['batch']} | {r['prefix']} | {r['n']} | {f('ours_us')} ({r['backend']}) | {f('ours_pct_copy')}% | "
               f"{f('orig_us')} | {f('orig_pct_copy')}% | {f('ours_over_orig', '{:.2f}')} | {f('ref_us')} | "
-              f"{f('ours_over_ours_n1', '{:.2f}')} |")
+              f"{f('ours_over_ours_n1', '{:.2f}')} |" + (f" kernel {f('kernel_us')} glue {f('glue_us')}" if "kernel_us" in r else ""))
 
 
 def _plot(rows, ceiling, path):
