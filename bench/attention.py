@@ -34,6 +34,7 @@ from jax import lax
 
 import _cli
 import _timing
+from jaxspec.testing import random_tree_qmask
 from jaxspec.kernels.paged_attention import (
     paged_attention,
     paged_attention_reference,
@@ -56,14 +57,7 @@ def make_case(rng, batch, prefix, n, mask):
     pool = lambda k: jax.random.normal(k, (x, HKV, E), jnp.float32).astype(DTYPE)  # noqa: E731
     fresh = lambda k, h: jax.random.normal(k, (batch, n, h, E), jnp.float32).astype(DTYPE)  # noqa: E731
     if mask == "tree":
-        qm = np.zeros((batch, n, n), bool)
-        for b in range(batch):
-            par = [-1] + [int(rng.integers(0, t)) for t in range(1, n)]
-            for t in range(n):
-                a = t
-                while a >= 0:
-                    qm[b, t, a] = True
-                    a = par[a]
+        qm = random_tree_qmask(rng, batch, n)
     else:  # chain / decode: causal
         qm = np.tril(np.ones((n, n), bool))[None].repeat(batch, 0)
     return dict(q=fresh(ks[0], HQ), k_new=fresh(ks[1], HKV), v_new=fresh(ks[2], HKV), k_pool=pool(ks[3]),

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from jaxspec.interop import dlpack
-from jaxspec.interop import ops_kernels, ops_spec  # noqa: F401 - they register their ops in registry.OPS
+from jaxspec.interop import ops_attention, ops_kernels, ops_spec  # noqa: F401 - they register their ops in registry.OPS
 from jaxspec.interop.registry import OPS, OpDef
 
 __all__ = ["OPS", "OpDef", "OutputDiff", "Report", "Row", "compare", "implementations", "jaxspec_fn", "make_inputs",
@@ -88,7 +88,7 @@ def _np(x) -> np.ndarray:
     return np.asarray(x)
 
 
-def _diff(name: str, orig, jaxv) -> OutputDiff:
+def _diff(name: str, orig, jaxv, atol: float | None = None) -> OutputDiff:
     a, b = _np(orig), _np(jaxv)
     if a.shape != b.shape:
         return OutputDiff(name, a.shape, b.shape, max(a.size, b.size, 1), math.nan)
@@ -97,6 +97,9 @@ def _diff(name: str, orig, jaxv) -> OutputDiff:
     if a.dtype.kind == "f" or b.dtype.kind == "f":
         af, bf = a.astype(np.float64), b.astype(np.float64)
         neq = ~((af == bf) | (np.isnan(af) & np.isnan(bf)))
+        if atol is not None:
+            with np.errstate(invalid="ignore"):
+                neq &= ~(np.abs(af - bf) <= atol)
         with np.errstate(invalid="ignore"):
             d = np.abs(af - bf)
         return OutputDiff(name, a.shape, b.shape, int(neq.sum()), float(np.nanmax(d)) if neq.any() else 0.0)
@@ -117,6 +120,8 @@ def jaxspec_fn(op: str):
 
 def implementations(op: str, device: str) -> list[tuple[str, dict]]:
     """``[(label, kwargs)]`` to run the jaxspec op with: pallas (interpret on CPU) and reference."""
+    if OPS[op].implementations is not None:
+        return list(OPS[op].implementations(device))
     if not OPS[op].has_implementation:
         return [("jnp", {})]
     pallas = {"implementation": "pallas", "interpret": device == "cpu"}
@@ -166,7 +171,7 @@ def compare(op: str, *, implementation: str | None = None, device: str = "cpu", 
     missing = set(orig_out) ^ set(jax_out)
     if missing:
         raise RuntimeError(f"{op}: harness output names differ: {sorted(missing)}")
-    return Report(op, label, tuple(_diff(k, orig_out[k], jax_out[k]) for k in orig_out))
+    return Report(op, label, tuple(_diff(k, orig_out[k], jax_out[k], d.atol) for k in orig_out))
 
 
 def ops_for(device: str, names: Sequence[str] | None = None) -> list[str]:

@@ -32,6 +32,12 @@ class OpDef:
     devices: tuple[str, ...] = ("cpu", "cuda")
     known_differences: Mapping[str, str] = dataclasses.field(default_factory=dict)
     classify: Callable | None = None  # (inputs) -> a key of known_differences, or None
+    # float outputs: an element differs when |original - jaxspec| > atol (None: bit-exact, as for every
+    # integer output); the op's module states why its atol is right
+    atol: float | None = None
+    # (device) -> [(label, implementation kwargs)] when the op's implementations differ from the default
+    # pallas (interpret on CPU) + reference pair
+    implementations: Callable | None = None
 
     def label(self, config: dict) -> str:
         return " ".join(f"{k}={getattr(v, 'name', v)}" for k, v in config.items())

@@ -279,3 +279,17 @@ def make_step_inputs(S: int, K: int, N: int, bs: int, slots: int, max_bs: int, s
         req_to_token=req_to_token, out_cache_loc=window.reshape(-1).astype(np.int64),
         target_predict=target, expected_accept_lens=accept,
     )
+
+
+def random_tree_qmask(rng: np.random.Generator, batch: int, n: int) -> np.ndarray:
+    """``bool[batch, n, n]``: each row's visibility in a random tree over ``n`` tokens (token ``t``'s parent
+    is uniform in ``[0, t)``; a token sees itself and its ancestors): the QLEN_ONLY mask of a verify."""
+    qm = np.zeros((batch, n, n), bool)
+    for b in range(batch):
+        parent = [-1] + [int(rng.integers(0, t)) for t in range(1, n)]
+        for t in range(n):
+            a = t
+            while a >= 0:
+                qm[b, t, a] = True
+                a = parent[a]
+    return qm

@@ -22,6 +22,7 @@ from jaxspec.kernels.paged_attention import (
     qmask_from_bits,
     resolve_attention_implementation,
 )
+from jaxspec.testing import random_tree_qmask
 
 TOL = {jnp.float32: 1e-5, jnp.float16: 2.0**-9, jnp.bfloat16: 2.0**-6}
 
@@ -49,14 +50,7 @@ def _case(seed, *, b=3, nq=4, hq=8, hkv=2, e=64, g=16, pages=24, p_width=6, dtyp
     if mask == "causal":
         qm = np.tril(np.ones((nq, nq), bool))[None].repeat(b, 0)
     elif mask == "tree":  # random tree: each node's parent is an earlier node
-        qm = np.zeros((b, nq, nq), bool)
-        for i in range(b):
-            par = [-1] + [int(rng.integers(0, t)) for t in range(1, nq)]
-            for t in range(nq):
-                a = t
-                while a >= 0:
-                    qm[i, t, a] = True
-                    a = par[a]
+        qm = random_tree_qmask(rng, b, nq)
     else:
         qm = np.ones((b, nq, nq), bool)
     return dict(q=q, k_new=kn, v_new=vn, k_pool=kp, v_pool=vp, page_table=jnp.asarray(pt),
