@@ -44,7 +44,7 @@ from jaxtyping import Array, Int32
 
 from jax.experimental import pallas as pl
 
-from jaxspec._validate import index_array, static_int
+from jaxspec._validate import has_tracer, index_array, static_int
 from jaxspec.kernels._dispatch import KernelOp, next_pow2
 from jaxspec.kernels._triton import compiler_params, load, store
 from jaxspec.kernels.cache_locs import fill_accept_out_cache_loc_reference, fill_front_out_cache_loc_reference
@@ -306,15 +306,32 @@ def _unchanged(k_buffer, v_buffer, *_):
 
 def _move_checks(k_buffer, v_buffer, tgt, src, *, span, paged, config):
     num_slots = int(np.prod(k_buffer.shape[1:(3 if paged else 2)]))
+    pad = src <= PAD_SRC  # bucket padding (``_bucket_pairs``): dropped by design, not an error
     out = [
-        ((tgt >= 0) & (tgt < num_slots), f"move_kv_cache: tgt_loc out of range [0, {num_slots})"),
-        ((src >= 0) & (src < num_slots), f"move_kv_cache: src_loc out of range [0, {num_slots})"),
+        ((tgt >= 0) & (tgt < num_slots) | pad, f"move_kv_cache: tgt_loc out of range [0, {num_slots})"),
+        ((src >= 0) & (src < num_slots) | pad, f"move_kv_cache: src_loc out of range [0, {num_slots})"),
     ]
     if tgt.shape[0]:
         sp = tgt.shape[0] if span is None else span
         out.append((~jnp.any(move_hazards(tgt, src, rows=config.rows, span=sp, xp=jnp)),
                     "move_kv_cache: overlapping src/tgt pairs (order-dependent move)"))
     return out
+
+
+PAD_SRC = -(1 << 30)  # source slot of a bucket-padding pair (and below): out of range, so the pair is dropped
+
+
+def _bucket_pairs(tgt, src):
+    """Pad the pair list to the next power of two (concrete inputs only: a traced call compiles with its
+    caller), so that new pair counts reuse executables. Padding pairs are out of range in both slots, so
+    every implementation drops them; targets ``-1, -2, ...`` and sources ``PAD_SRC, PAD_SRC - 1, ...`` are
+    all distinct, so the hazard rule never sees them collide with each other or with a real slot."""
+    n = tgt.shape[0]
+    nb = next_pow2(n) if n else 0
+    if nb == n or has_tracer((tgt, src)):
+        return tgt, src
+    k = jnp.arange(nb - n, dtype=jnp.int32)
+    return jnp.concatenate([tgt, -1 - k]), jnp.concatenate([src, PAD_SRC - k])
 
 
 def _move_impl(k_buffer, v_buffer, tgt, src, *, span, paged, config, implementation, interpret):
@@ -355,7 +372,8 @@ def move_kv_cache(
     ``k_buffer``/``v_buffer``: ``(L, X, *features)`` or, with ``paged=True``, ``(L, X/G, G, *features)``;
     locations are slot ids (``page * G + offset``). ``span``: pairs per independent program group (see the
     module docstring; ``None`` = one group, safe for any read-before-write-in-index-order pattern such as
-    SGLang's packed accept move). Pairs with a slot outside ``[0, X)`` are dropped. Checked mode: slots in
+    SGLang's packed accept move). Pairs with a slot outside ``[0, X)`` are dropped. Concrete pair lists are
+    padded to a power of two with dropped pairs (one executable per bucket, not per count). Checked mode: slots in
     range, and the hazard rule of ``dynamic_validate_move`` (O(n^2), debug only), checked before the move.
     """
     _check_pool(k_buffer, v_buffer, paged)
@@ -365,6 +383,7 @@ def move_kv_cache(
         static_int("span", span, 1)
     impl = _MOVE.resolve(implementation, interpret)
     _check_equal_rows(k_buffer, v_buffer, paged, impl)
+    tgt, src = _bucket_pairs(tgt, src)
     return _MOVE(k_buffer, v_buffer, tgt, src, span=span, paged=bool(paged), config=config, implementation=impl,
                  interpret=interpret)
 
