@@ -140,6 +140,14 @@ def _check_batch(name, x, b):
         raise ValueError(f"{name}: expected leading dim B={b}, got {name}.shape={x.shape}")
 
 
+def _metadata(positions, qmask, prefix_lens, table, write_locs, page_size, implementation, interpret):
+    return AttentionMetadata(
+        positions=positions, qmask=qmask, prefix_lens=prefix_lens,
+        page_table=page_table_from_req_to_token(table, page_size), write_locs=write_locs, page_size=page_size,
+        implementation=implementation, interpret=interpret,
+    )
+
+
 def prefill_metadata(
     prompt_lens: Int32[Array, " B"], req_to_token: Int32[Array, "R W"], width: int, *, page_size: int,
     req_pool_indices: Int32[Array, " B"] | None = None, implementation: str = "auto", interpret: bool = False,
@@ -150,16 +158,8 @@ def prefill_metadata(
     _, table = _rows(req_to_token, req_pool_indices, b)
     j = jnp.arange(width, dtype=jnp.int32)[None, :]
     locs = jnp.where(j < prompt_lens[:, None], table[:, :width], 0)
-    return AttentionMetadata(
-        positions=jnp.broadcast_to(j, (b, width)),
-        qmask=causal_qmask(b, width),
-        prefix_lens=jnp.zeros((b,), jnp.int32),
-        page_table=page_table_from_req_to_token(table, page_size),
-        write_locs=locs,
-        page_size=page_size,
-        implementation=implementation,
-        interpret=interpret,
-    )
+    return _metadata(jnp.broadcast_to(j, (b, width)), causal_qmask(b, width), jnp.zeros((b,), jnp.int32), table, locs,
+                     page_size, implementation, interpret)
 
 
 def decode_metadata(
@@ -173,16 +173,8 @@ def decode_metadata(
     b = seq_lens.shape[0]
     _, table = _rows(req_to_token, req_pool_indices, b)
     locs = jnp.take_along_axis(table, seq_lens[:, None], axis=1) if write else None
-    return AttentionMetadata(
-        positions=seq_lens[:, None],
-        qmask=jnp.ones((b, 1, 1), bool),
-        prefix_lens=seq_lens,
-        page_table=page_table_from_req_to_token(table, page_size),
-        write_locs=locs,
-        page_size=page_size,
-        implementation=implementation,
-        interpret=interpret,
-    )
+    return _metadata(seq_lens[:, None], jnp.ones((b, 1, 1), bool), seq_lens, table, locs, page_size, implementation,
+                     interpret)
 
 
 def root_metadata(seq_lens, req_to_token, *, page_size: int, req_pool_indices=None, implementation: str = "auto",
@@ -238,16 +230,8 @@ def plan_verify(
     locs = assign_extend_cache_locs_uniform(
         rows, req_to_token, seq_lens, width=n, implementation=implementation, interpret=interpret
     ).out_cache_loc.reshape(b, n)
-    meta = AttentionMetadata(
-        positions=tree.positions.reshape(b, n),
-        qmask=tree.tree_mask.reshape(b, n, n),
-        prefix_lens=seq_lens,
-        page_table=page_table_from_req_to_token(table, page_size),
-        write_locs=locs,
-        page_size=page_size,
-        implementation=implementation,
-        interpret=interpret,
-    )
+    meta = _metadata(tree.positions.reshape(b, n), tree.tree_mask.reshape(b, n, n), seq_lens, table, locs, page_size,
+                     implementation, interpret)
     return VerifyPlan(tree=tree, tokens=tree.draft_tokens.reshape(b, n), meta=meta, cache_locs=locs)
 
 

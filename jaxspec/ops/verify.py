@@ -23,6 +23,11 @@ Outputs are functional (upstream mutates ``predicts`` / ``accept_index`` / ``acc
 the values are identical. Inputs are assumed to be a valid tree as produced by ``build_tree``:
 ``retrieve_index[b, j] == b*N + j`` is what upstream produces, and duplicated or out-of-range global ids
 give unspecified (but memory-safe) results here, where upstream would write out of bounds.
+
+Size note: this module is over 500 lines on purpose: greedy verify and the target-only / chain
+rejection samplers share one tree walk (``_Walk``, ``_Siblings``) and its argument checks, and upstream
+keeps them in one file pair (``speculative/tree.py`` + ``sampling.py``); splitting them would put the
+walk and its checks in a third module that both halves import.
 """
 
 import functools
