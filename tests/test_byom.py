@@ -272,3 +272,36 @@ def test_protocol_check_names_missing_members(pair):
         Engine(target, None, spec=CHAIN, max_context=W)
     with pytest.raises(ValueError, match="takes none"):
         Engine(target, drafter, spec=None, max_context=W)
+
+
+def test_shared_cache_buffers_are_refused_with_a_clear_error():
+    """A target whose make_cache returns one array for both k and v would be donated twice mid-generate;
+    the engine names both fields at prepare time instead."""
+    import dataclasses as dc
+
+    import jax
+    import jax.numpy as jnp
+
+    from jaxspec.engine import Engine
+    from jaxspec.protocols import PagedKVCache
+
+    @jax.tree_util.register_dataclass
+    @dc.dataclass(frozen=True)
+    class SharedKV:
+        table: jax.Array
+        vocab_size: int = dc.field(default=16, metadata=dict(static=True))
+        feature_size: int = dc.field(default=16, metadata=dict(static=True))
+
+        def kv_bytes_per_slot(self):
+            return 8
+
+        def make_cache(self, req_to_token, num_slots):
+            z = jnp.zeros((1, num_slots, 1, 1))
+            return PagedKVCache(k=z, v=z, req_to_token=jnp.asarray(req_to_token))
+
+        def forward(self, tokens, meta, cache):
+            return self.table[tokens], self.table[tokens], cache
+
+    eng = Engine(SharedKV(jnp.eye(16)), max_context=32)
+    with pytest.raises(ValueError, match=r"target_cache.*\.v.* and target_cache.*\.k.* are the same array"):
+        eng.generate([[1, 2]], max_new_tokens=2)

@@ -198,6 +198,23 @@ def _check_sampling(b: int, vocab: int, temperature, top_k, top_p, seed) -> tupl
     return t.astype(np.float32), k, p.astype(np.float32), s.astype(np.int32)
 
 
+def _check_distinct_buffers(**trees) -> None:
+    """The decode state is donated: two leaves sharing one device buffer would be donated twice (XLA then
+    fails mid-generate with "Attempt to donate the same buffer twice"). Refuse it here, naming both."""
+    seen: dict[int, str] = {}
+    for name, tree in trees.items():
+        for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+            if not isinstance(leaf, jax.Array):
+                continue
+            where = name + jax.tree_util.keystr(path)
+            if id(leaf) in seen:
+                raise ValueError(
+                    f"{where} and {seen[id(leaf)]} are the same array: the engine donates its state, so "
+                    f"make_cache / init_state must return a separate buffer for each (e.g. k and v)"
+                )
+            seen[id(leaf)] = where
+
+
 class Engine:
     """Greedy or sampled decoding of any ``TargetModel`` with a ``Drafter`` (``spec``) or plain (``spec=None``).
 
@@ -357,6 +374,7 @@ class Engine:
         num_slots = self.num_pages * self.page_size
         tcache = self.target.make_cache(r2t, num_slots)
         draft = None if self.drafter is None else self.drafter.init_state(self.opts.spec, r2t, num_slots)
+        _check_distinct_buffers(target_cache=tcache, draft=draft)
         limits = np.zeros((b,), np.int32)
         limits[:n] = mnt
         t = max(MIN_OUTPUT_BUCKET, _next_pow2(int(mnt.max())))
