@@ -13,7 +13,8 @@ Both read SGLang's page-size-1 layout: ``k_buffer [X, Hkv, E]`` (the jaxspec poo
 
 Files are read from ``.originals/sglang-0.5.23/<path>`` (``python -m jaxspec.interop.fetch`` extracts them;
 their sha256 are pinned in ``jaxspec.interop.pins``, and the bytes executed are the bytes checked).
-They are executed as published with stand-in modules for their package imports:
+``originals.load("paged_attention")`` / ``load("paged_attention@decode")`` execute them as published (with the
+rest of the originals table) with stand-in modules for their package imports:
 ``sglang.srt.utils`` (``is_cuda`` = a CUDA device is visible, so the Hopper block sizes are chosen on the
 H200; every ROCm probe False; ``get_device_core_count`` from torch), ``sglang.srt.environ.envs`` (every
 flag at its default, False), and the two sibling files themselves (``score_mod``, ``decode_attention``).
@@ -21,68 +22,24 @@ flag at its default, False), and the two sibling files themselves (``score_mod``
 On CPU (``TRITON_INTERPRET=1``) the interpreter miscomputes bf16 ``tl.dot``: run these in fp16 / f32 there.
 """
 
-import functools
-import os
 import types
 
 import numpy as np
 
-from jaxspec.interop.originals import SGLANG, exec_verified, stand_in_modules, stub_module
+from jaxspec.interop.originals import load
 
 __all__ = [
-    "ATTENTION_FILES", "load_attention_originals", "sglang_layout", "extend_call", "decode_call", "run_extend",
+    "load_attention_originals", "sglang_layout", "extend_call", "decode_call", "run_extend",
     "run_decode",
 ]
 
-_DIR = "sglang/kernels/ops/attention"
-ATTENTION_FILES = tuple(f"{_DIR}/{stem}.py" for stem in ("score_mod", "decode_attention", "extend_attention"))
 DEFAULT_MAX_KV_SPLITS = 8  # SGLang server arg triton_attention_num_kv_splits
 
 
-def _stand_ins(torch) -> dict:
-    cuda = torch.cuda.is_available()
-    false = lambda *a, **k: False  # noqa: E731
-
-    def get_device_core_count(device_id: int = 0) -> int:
-        return torch.cuda.get_device_properties(device_id).multi_processor_count if cuda else 0
-
-    class _Flag:
-        def get(self):
-            return False
-
-    class _Envs:
-        def __getattr__(self, name):
-            return _Flag()
-
-    utils = stub_module("sglang.srt.utils", is_cuda=lambda: cuda, is_hip=false, is_gfx95_supported=false,
-                  is_gfx1250_supported=false, get_device_core_count=get_device_core_count)
-    return {
-        "sglang": stub_module("sglang"),
-        "sglang.srt": stub_module("sglang.srt"),
-        "sglang.srt.utils": utils,
-        "sglang.srt.environ": stub_module("sglang.srt.environ", envs=_Envs()),
-        "sglang.kernels": stub_module("sglang.kernels"),
-        "sglang.kernels.ops": stub_module("sglang.kernels.ops"),
-        "sglang.kernels.ops.attention": stub_module("sglang.kernels.ops.attention"),
-    }
-
-
-@functools.cache
 def load_attention_originals() -> types.SimpleNamespace:
     """``namespace(extend_attention_fwd, decode_attention_fwd)`` as published in sglang 0.5.23."""
-    import torch
-
-    if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
-        os.environ["TRITON_INTERPRET"] = "1"
-    import triton  # noqa: F401
-
-    stems = ("score_mod", "decode_attention", "extend_attention")  # each imports the ones before it
-    siblings = [f"sglang.kernels.ops.attention.{stem}" for stem in stems]
-    with stand_in_modules(_stand_ins(torch), also_restore=siblings):
-        loaded = {stem: exec_verified(*SGLANG, f"{_DIR}/{stem}.py", f"_jaxspec_originals.sglang_0_5_23.attention_{stem}",
-                                      f"sglang.kernels.ops.attention.{stem}") for stem in stems}
-    return types.SimpleNamespace(extend_attention_fwd=loaded["extend_attention"].extend_attention_fwd,
-                                 decode_attention_fwd=loaded["decode_attention"].decode_attention_fwd)
+    return types.SimpleNamespace(extend_attention_fwd=load("paged_attention"),
+                                 decode_attention_fwd=load("paged_attention@decode"))
 
 
 def sglang_layout(page_table, prefix_lens, page_size: int):

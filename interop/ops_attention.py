@@ -84,14 +84,14 @@ def _impls(device):
 
 
 register(OpDef(
-    "paged_attention", "jaxspec.kernels.paged_attention:paged_attention", "extend_attention_fwd",
+    "paged_attention", "jaxspec.kernels.paged_attention:paged_attention", "paged_attention",
     (config(B=3, N=5, Hq=8, Hkv=2, G=16, P=4, mask="tree"), config(B=2, N=4, Hq=4, Hkv=4, G=16, P=3, mask="causal"),
      config(B=2, N=8, Hq=8, Hkv=1, G=1, P=40, mask="tree")),
     _gen, _orig_extend, _jax, has_implementation=True, atol=ATOL, implementations=_impls,
 ))
 
 register(OpDef(
-    "paged_attention@decode", "jaxspec.kernels.paged_attention:paged_attention", "decode_attention_fwd",
+    "paged_attention@decode", "jaxspec.kernels.paged_attention:paged_attention", "paged_attention@decode",
     (config(B=3, N=1, Hq=8, Hkv=2, G=16, P=4, mask="causal"), config(B=2, N=1, Hq=4, Hkv=1, G=1, P=50, mask="causal")),
     _gen, _orig_decode, _jax, has_implementation=True, atol=ATOL, implementations=_impls,
 ))

@@ -91,6 +91,8 @@ def _o(dv, path, symbol, kind, note=""):
 
 
 # jaxspec op -> the original it is compared against. THE table: fetch, loader and harness all read it.
+_ATTN = "sglang/kernels/ops/attention"
+
 ORIGINALS: dict[str, Original] = {
     # jaxspec.ops.draft
     "select_top_k_tokens": _o(SGLANG, "sglang/srt/speculative/spec_utils.py", "select_top_k_tokens", "torch-source"),
@@ -123,6 +125,9 @@ ORIGINALS: dict[str, Original] = {
     "fused_decode_input_prep": _o(
         TOKENSPEED, "tokenspeed/runtime/execution/cache_loc_kernel.py", "fused_decode_input_prep", "host"
     ),
+    # jaxspec.kernels.paged_attention (SGLang's Triton attention; loaded with its sibling files, see load_attention)
+    "paged_attention": _o(SGLANG, f"{_ATTN}/extend_attention.py", "extend_attention_fwd", "attention"),
+    "paged_attention@decode": _o(SGLANG, f"{_ATTN}/decode_attention.py", "decode_attention_fwd", "attention"),
     # GPU only: SGLang 0.5.23's JIT CUDA kernels (compiled at run time by interop/cuda_originals.py)
     "build_tree@cuda": _o(SGLANG, "sglang/kernels/jit/csrc/speculative/tree.cuh", "build_tree_kernel_efficient", "cuda"),
     "verify_tree_greedy@cuda": _o(SGLANG, "sglang/kernels/jit/csrc/speculative/tree.cuh", "verify_tree_greedy", "cuda"),
@@ -136,7 +141,7 @@ ORIGINALS: dict[str, Original] = {
 
 # Files the loader needs besides the table's (dist, version) -> paths.
 SUPPORT_FILES: dict[tuple[str, str], tuple[str, ...]] = {
-    SGLANG: ("sglang/srt/utils/common.py",),  # next_power_of_2, fast_topk (read as source, never imported)
+    SGLANG: ("sglang/srt/utils/common.py", f"{_ATTN}/score_mod.py"),  # next_power_of_2, fast_topk (read as source, never imported)
 }
 
 FLASHINFER_INCLUDE = "flashinfer/data/include"
@@ -336,7 +341,48 @@ def load(op: str) -> Callable[..., Any]:
         return load_select_top_k_tokens()
     if o.kind == "cuda":
         raise ValueError(f"{op} is a CUDA original: use jaxspec.interop.cuda_originals (GPU only)")
+    if o.kind == "attention":
+        return getattr(_load_attention_at(originals_root())[pathlib.PurePosixPath(o.path).stem], o.symbol)
     return getattr(load_file(o.dist, o.version, o.path), o.symbol)
+
+
+def _attention_stand_ins(torch) -> dict[str, types.ModuleType]:
+    """What SGLang's attention files import: platform probes (CUDA = a visible CUDA device, so the Hopper
+    block sizes are chosen on the H200; every ROCm probe False), ``envs`` flags at their defaults."""
+    cuda = torch.cuda.is_available()
+    false = lambda *a, **k: False  # noqa: E731
+
+    def get_device_core_count(device_id: int = 0) -> int:
+        return torch.cuda.get_device_properties(device_id).multi_processor_count if cuda else 0
+
+    class _Flag:
+        def get(self):
+            return False
+
+    class _Envs:
+        def __getattr__(self, name):
+            return _Flag()
+
+    utils = stub_module("sglang.srt.utils", is_cuda=lambda: cuda, is_hip=false, is_gfx95_supported=false,
+                        is_gfx1250_supported=false, get_device_core_count=get_device_core_count)
+    names = ("sglang", "sglang.srt", "sglang.kernels", "sglang.kernels.ops", "sglang.kernels.ops.attention")
+    return {**{n: stub_module(n) for n in names}, "sglang.srt.utils": utils,
+            "sglang.srt.environ": stub_module("sglang.srt.environ", envs=_Envs())}
+
+
+@functools.cache
+def _load_attention_at(root: pathlib.Path) -> dict[str, types.ModuleType]:
+    """SGLang 0.5.23's ``score_mod`` / ``decode_attention`` / ``extend_attention`` (each imports the ones
+    before it), executed from their verified bytes; ``{stem: module}``."""
+    _ensure_interpreter_if_no_gpu()
+    import torch
+    import triton  # noqa: F401 - fail here, clearly, if triton is absent
+
+    stems = ("score_mod", "decode_attention", "extend_attention")
+    siblings = [f"sglang.kernels.ops.attention.{stem}" for stem in stems]
+    with stand_in_modules(_attention_stand_ins(torch), also_restore=siblings):
+        return {stem: exec_verified(*SGLANG, f"{_ATTN}/{stem}.py", f"_jaxspec_originals.sglang_0_5_23.attention_{stem}",
+                                    f"sglang.kernels.ops.attention.{stem}") for stem in stems}
 
 
 def load_select_top_k_tokens() -> Callable[..., Any]:
