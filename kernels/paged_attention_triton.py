@@ -14,6 +14,7 @@ import jax.numpy as jnp
 
 from jax.experimental import pallas as pl
 
+from jaxspec.kernels._dispatch import next_pow2
 from jaxspec.kernels._triton import compiler_params, load, store
 from jaxspec.kernels.paged_attention import LOG2E, default_num_splits, query_rows
 
@@ -30,7 +31,7 @@ def _kernel(len_ref, pt_ref, q_ref, k_ref, v_ref, acc_ref, m_ref, l_ref, *, page
     lo = jnp.minimum(s * per, nblk)
     hi = jnp.minimum(lo + per, nblk)
     r = jnp.arange(rows, dtype=jnp.int32)
-    e_pad = 1 << (head_dim - 1).bit_length()  # Triton blocks are powers of two: mask the columns past head_dim
+    e_pad = next_pow2(head_dim)  # Triton blocks are powers of two: mask the columns past head_dim
     c = jnp.arange(e_pad, dtype=jnp.int32)
     col = c < head_dim
     q = load(q_ref.at[b, h, r[:, None], c[None, :]], mask=col[None, :], other=0)
@@ -69,7 +70,7 @@ def prefix_partials(q, hkv, k_pool, v_pool, page_table, prefix_lens, *, page_siz
                     interpret=False):
     """``(acc, m, l)`` prefix partials (module docstring) for ``q [B,Q,Hq,E]`` over the paged pool."""
     b, nq, hq, e = q.shape
-    rows = max(16, 1 << (nq * (hq // hkv) - 1).bit_length())
+    rows = max(16, next_pow2(nq * (hq // hkv)))
     width = page_table.shape[1]
     s = num_splits or default_num_splits(b, hkv, width * page_size, BLOCK)
     qr = query_rows(q, hkv, rows)

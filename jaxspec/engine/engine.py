@@ -28,15 +28,12 @@ from jaxspec._validate import checks_enabled
 from jaxspec.config import SpecConfig
 from jaxspec.engine.state import DecodeState, EngineOptions, SamplingParams
 from jaxspec.engine.step import plain_step, prefill, spec_step
+from jaxspec.kernels._dispatch import next_pow2
 from jaxspec.protocols import Drafter, TargetModel, check_implements, make_req_to_token, num_pages_needed
 
 PROMPT_BUCKET = 8  # prompts are right-padded to a multiple of this (fewer recompiles across batches)
 MIN_OUTPUT_BUCKET = 8  # smallest output-buffer width T
 MEMORY_FRACTION = 0.7  # default share of free memory the KV pools may take (the rest: weights, activations)
-
-
-def _next_pow2(n: int) -> int:
-    return 1 << max(int(n) - 1, 0).bit_length()
 
 
 class GenerateResult(NamedTuple):
@@ -303,7 +300,7 @@ class Engine:
         per_slot = int(self.target.kv_bytes_per_slot())
         if self.drafter is not None:
             per_slot += int(self.drafter.kv_bytes_per_slot(self.opts.spec))
-        rows = _next_pow2(self.max_batch)
+        rows = next_pow2(self.max_batch)
         table = rows * self.max_context * 4  # req_to_token, int32
         need = slots * per_slot + table
         if limit is None:
@@ -362,7 +359,7 @@ class Engine:
         """
         arrs, mnt = self._check_prompts(prompts, max_new_tokens)
         temps, top_ks, top_ps, seeds = _check_sampling(len(arrs), self.vocab_size, temperature, top_k, top_p, seed)
-        n, b = len(arrs), _next_pow2(len(arrs))
+        n, b = len(arrs), next_pow2(len(arrs))
         lens = np.ones((b,), np.int32)  # padding rows: one token (id 0) on the dummy page
         lens[:n] = [a.size for a in arrs]
         p = min(-(-int(lens.max()) // PROMPT_BUCKET) * PROMPT_BUCKET, self.max_context)
@@ -377,7 +374,7 @@ class Engine:
         _check_distinct_buffers(target_cache=tcache, draft=draft)
         limits = np.zeros((b,), np.int32)
         limits[:n] = mnt
-        t = max(MIN_OUTPUT_BUCKET, _next_pow2(int(mnt.max())))
+        t = max(MIN_OUTPUT_BUCKET, next_pow2(int(mnt.max())))
         def zeros():  # a fresh buffer per field: the state is donated, so no two leaves may share one
             return jnp.zeros((b,), jnp.int32)
 
