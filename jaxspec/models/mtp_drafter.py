@@ -33,7 +33,7 @@ import numpy as np
 
 from jaxspec.kernels.multi_layer_eagle import rotate_input_ids
 from jaxspec.ops.accept import sample_from_probs, sampling_probs
-from jaxspec.ops.draft import DraftResults, organize_draft_results, select_top_k_tokens
+from jaxspec.ops.draft import DraftResults, fast_topk, organize_draft_results, select_top_k_tokens
 from jaxspec.protocols import AttentionMetadata, MTPHead, PagedKVCache, check_implements
 from jaxspec.round import ChainDraft
 
@@ -59,10 +59,8 @@ class MTPDraftState:
 
 
 def _topk(logits: jax.Array, k: int):
-    """``softmax`` + top-k (first index on ties), as ``fast_topk`` after the draft's softmax."""
-    probs = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
-    p, idx = jax.lax.top_k(probs, k)
-    return p, idx.astype(jnp.int32)
+    """The draft's softmax, then SGLang's ``fast_topk`` (first index on ties)."""
+    return fast_topk(jax.nn.softmax(logits.astype(jnp.float32), axis=-1), k)
 
 
 @jax.tree_util.register_dataclass

@@ -35,6 +35,7 @@ __all__ = [
     "organize_draft_results",
     "organize_mtp_draft_results",
     "chain_draft_results",
+    "fast_topk",
 ]
 
 
@@ -85,7 +86,7 @@ class DraftResults(NamedTuple):
 # --------------------------------------------------------------------------------------------
 
 
-def _fast_topk(values: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
+def fast_topk(values: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
     """SGLang ``fast_topk`` along the last axis: ``K == 1`` is ``max`` (first maximal index),
     ``K > 1`` a descending top-k (``lax.top_k`` puts the lower index first on ties; torch.topk's
     tie order is unspecified, so tied inputs are outside the bit-exact contract)."""
@@ -110,7 +111,7 @@ def _select_top_k_tokens_jit(topk_p, topk_index, hidden_states, scores, *, step,
 
     b = scores.shape[0]
     expand = scores[:, :, None] * topk_p.reshape(b, k, k)  # (B, K, K): score(beam j) * p(child c)
-    cs_p, cs_idx = _fast_topk(expand.reshape(b, k * k), k)  # (B, K)
+    cs_p, cs_idx = fast_topk(expand.reshape(b, k * k), k)  # (B, K)
     flat_tok = topk_index.reshape(b, k * k)
     input_ids = jnp.take_along_axis(flat_tok, cs_idx, axis=1).reshape(b * k)
     if hidden_states is not None and hidden_states.shape[0] > 0:
