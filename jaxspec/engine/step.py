@@ -226,7 +226,7 @@ def adaptive_step(target, drafter, opts: EngineOptions, state: DecodeState, forc
     branches += [functools.partial(spec_step, target, drafter, opts, which=i) for i in range(len(opts.specs))]
     new = jax.lax.switch(mode, branches, state)
     rounds = jnp.sum(new.num_rounds - state.num_rounds)
-    accept = jnp.sum(new.num_accepted - state.num_accepted).astype(jnp.float32) / jnp.maximum(rounds, 1)
+    accept = jnp.sum(new.num_accepted - state.num_accepted).astype(jnp.float32) / jnp.maximum(rounds, 1).astype(jnp.float32)
     return dataclasses.replace(new, policy=update_policy(opts.adaptive, ps, mode, accept))
 
 
