@@ -58,24 +58,15 @@ def _table(out: str) -> dict:
     return rows
 
 
-@pytest.mark.slow  # compiles plain, chain and tree decoding of the 24-layer pair (~1-2 min on a shared CPU)
+@pytest.mark.slow  # compiles plain and chain decoding of the 24-layer pair (~50 s on a shared CPU)
 def test_demo_runs_lossless(capsys):
-    assert demo.main(["--batch", "2", "--max-new", "12", "--repeats", "1"]) == 0
+    """The demo end to end (chain only, to keep the compiles few; the tree path is the engine's, tested on the
+    tiny pair): outputs identical, the table's rows readable, the trained drafts mostly accepted."""
+    assert demo.main(["--config", "chain", "--batch", "2", "--max-new", "12", "--repeats", "1"]) == 0
     out = capsys.readouterr().out
     assert "outputs identical" in out and "DIFFER" not in out
     rows = _table(out)
-    assert list(rows) == ["plain", "chain", "tree"]
-    assert rows["plain"][0] == 1.0
-    assert rows["chain"][0] > 2.5 and rows["tree"][0] > 2.5  # trained drafts: most of each draft accepted
+    assert list(rows) == ["plain", "chain"]
+    assert rows["plain"][0] == 1.0 and rows["chain"][0] > 2.5  # trained drafts: most of each draft accepted
     assert all(r[1] > 0 and r[2] > 0 for r in rows.values())
     assert "chain: " in out and "plain decode steps" in out and "why: " in out
-
-
-@pytest.mark.slow  # transformers and jaxspec each run the 24-layer target (~30-60 s on a shared CPU)
-def test_demo_pair_target_matches_transformers():
-    pytest.importorskip("torch")
-    pytest.importorskip("transformers")
-    from jaxspec.interop.check_model import check_model
-
-    res = check_model(DEMO_WEIGHTS, batch=1, prompt_len=8, new_tokens=16)
-    assert res.logits_ok and res.greedy_ok, (res.max_abs_diff, res.logit_scale)
