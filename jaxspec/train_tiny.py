@@ -1,12 +1,15 @@
-"""Train the tiny target + MTP draft on the repo's corpus and save it as a checkpoint directory.
+"""Train a shipped target + MTP draft pair on the repo's corpus and save it as a checkpoint directory.
 
-``python -m jaxspec.train_tiny --out DIR [--steps 3000] [--batch 64]``: ~70 s on one H200 (the shipped
-``jaxspec/assets/tiny_pair``: target / MTP top-1 accuracy 0.92 / 0.93-0.94); on CPU use e.g. ``--steps 600
---batch 32`` (a few minutes). ``DIR`` gets ``config.json`` + ``model.safetensors``
-(``jaxspec.models.checkpoint``'s layout, float32: the loaded model is exactly the trained one); load it
-with ``jaxspec.models.load_pair(DIR)`` or ``python -m jaxspec.demo --weights DIR``. Losses: target
-next-token cross-entropy, plus for MTP layer ``s`` the next-``(s+2)``-token cross-entropy given the previous layer's
-hidden state (target hidden for ``s == 0``) and the embedding of token ``p + s + 1``.
+``python -m jaxspec.train_tiny --out DIR [--config tiny|demo] [--steps 3000] [--batch 64]``. ``--config tiny``
+(``TINY_PAIR_CONFIG``, the shipped ``jaxspec/assets/tiny_pair``: target / MTP top-1 accuracy 0.92 /
+0.93-0.94): ~70 s on one H200; on CPU use e.g. ``--steps 600 --batch 32`` (a few minutes). ``--config demo``
+(``DEMO_PAIR_CONFIG``, 24 layers, the shipped ``jaxspec/assets/demo_pair``: accuracy 0.93 / 0.94): ~3 min on
+one H200 (the shipped one: 3000 steps in 178 s, sharing the GPU with two other training runs). ``DIR`` gets
+``config.json`` + ``model.safetensors`` (``jaxspec.models.checkpoint``'s layout, float32: the loaded model is
+exactly the trained one); load it with ``jaxspec.models.load_pair(DIR)`` or ``python -m jaxspec.demo
+--weights DIR``. Losses: target next-token cross-entropy, plus for MTP layer ``s`` the next-``(s+2)``-token
+cross-entropy given the previous layer's hidden state (target hidden for ``s == 0``) and the embedding of
+token ``p + s + 1``.
 """
 
 import argparse
@@ -20,7 +23,8 @@ from flax import nnx
 from tqdm import tqdm
 
 from jaxspec.corpus import make_stream
-from jaxspec.models import TINY_PAIR_CONFIG, DecoderConfig, MockVocab, MTPModel, save_pair
+from jaxspec.models import DecoderConfig, MockVocab, MTPModel, save_pair
+from jaxspec.models.io import PAIR_CONFIGS
 from jaxspec.protocols import AttentionMetadata
 from jaxspec.round import causal_qmask
 
@@ -96,6 +100,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     ap.add_argument("--out", required=True, metavar="DIR",
                     help="checkpoint directory to write (created; never defaults into the installed package)")
+    ap.add_argument("--config", choices=sorted(PAIR_CONFIGS), default="tiny",
+                    help="model shape: tiny (TINY_PAIR_CONFIG, 2 target layers: the tests' pair) or demo "
+                         "(DEMO_PAIR_CONFIG, 24 target layers: the demo's pair) (default: %(default)s)")
     ap.add_argument("--steps", type=int, default=3000, help="optimizer steps (default: %(default)s)")
     ap.add_argument("--batch", type=int, default=64, help="sequences per step (default: %(default)s)")
     ap.add_argument("--ctx", type=int, default=64, help="context length of a training sequence (default: %(default)s)")
@@ -108,7 +115,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv=None):
     args = _parser().parse_args(argv)
-    cfg = TINY_PAIR_CONFIG
+    cfg = PAIR_CONFIGS[args.config]
     t0 = time.time()
     model, acc = train(cfg, steps=args.steps, batch=args.batch, ctx=args.ctx, lr=args.lr, seed=args.seed)
     print(f"trained in {time.time() - t0:.0f}s; top-1 accuracy target / MTP layers: {np.round(acc, 3).tolist()}")

@@ -8,8 +8,8 @@ import pytest
 
 
 @pytest.mark.parametrize("module, flags", [
-    ("jaxspec.demo", ["--device", "--config", "--batch", "--max-new", "--page-size", "--weights"]),
-    ("jaxspec.train_tiny", ["--out", "--steps", "--batch", "--ctx", "--lr", "--seed"]),
+    ("jaxspec.demo", ["--device", "--config", "--batch", "--max-new", "--page-size", "--weights", "--repeats"]),
+    ("jaxspec.train_tiny", ["--out", "--config", "--steps", "--batch", "--ctx", "--lr", "--seed"]),
     ("jaxspec.interop.check_model", ["--batch", "--prompt-len", "--new-tokens", "--rtol", "--page-size", "--seed"]),
 ])
 def test_help(module, flags):
@@ -33,7 +33,7 @@ def test_train_tiny_requires_out():
 @pytest.mark.slow  # compiles the training step (~20-50 s on a shared CPU)
 def test_train_tiny_writes_loadable_checkpoint(tmp_path):
     from jaxspec import train_tiny
-    from jaxspec.models import load_pair
+    from jaxspec.models import TINY_PAIR_CONFIG, load_pair
     from jaxspec.models.io import load_meta
 
     import jax
@@ -43,4 +43,4 @@ def test_train_tiny_writes_loadable_checkpoint(tmp_path):
         train_tiny.main(["--out", str(out), "--steps", "2", "--batch", "2", "--ctx", "8"])
     assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
     pair = load_pair(str(out))
-    assert pair.num_mtp_layers == 3 and pair.cfg == train_tiny.TINY_PAIR_CONFIG and load_meta(str(out))["steps"] == 2
+    assert pair.num_mtp_layers == 3 and pair.cfg == TINY_PAIR_CONFIG and load_meta(str(out))["steps"] == 2

@@ -1,12 +1,14 @@
 """jaxspec.models: Llama-family decoders (Llama 2/3, Qwen2/2.5, Mistral) with DeepSeek-V3 MTP draft layers,
 loaded from Hugging Face safetensors checkpoints, over a paged KV cache (Flax NNX); the shipped tiny pair
-(``load_pair()``: the ``MTPModel`` of ``DEFAULT_WEIGHTS``)."""
+(``load_pair()``: the ``MTPModel`` of ``DEFAULT_WEIGHTS``) and the demo's deeper pair (``DEMO_WEIGHTS``)."""
 
 from jaxspec.models.checkpoint import load_model as load_model
 from jaxspec.models.checkpoint import save_model as save_model
 from jaxspec.models.config import DecoderConfig as DecoderConfig
 from jaxspec.models.decoder import Decoder as Decoder
 from jaxspec.models.io import DEFAULT_WEIGHTS as DEFAULT_WEIGHTS
+from jaxspec.models.io import DEMO_PAIR_CONFIG as DEMO_PAIR_CONFIG
+from jaxspec.models.io import DEMO_WEIGHTS as DEMO_WEIGHTS
 from jaxspec.models.io import TINY_PAIR_CONFIG as TINY_PAIR_CONFIG
 from jaxspec.models.io import load_pair as load_pair
 from jaxspec.models.io import save_pair as save_pair

@@ -1,8 +1,14 @@
-"""The shipped tiny pair: a safetensors checkpoint directory of ``MTPModel`` (``jaxspec/assets/tiny_pair``).
+"""The shipped pairs: safetensors checkpoint directories of ``MTPModel`` trained on ``jaxspec.corpus``.
 
-``load_pair`` / ``save_pair`` read and write it through ``jaxspec.models.checkpoint`` (the same code that
-loads a user's Hugging Face checkpoint); ``TINY_PAIR_CONFIG`` is its configuration (``jaxspec.train_tiny``
-trains a model of it).
+- ``DEFAULT_WEIGHTS`` (``jaxspec/assets/tiny_pair``, ``TINY_PAIR_CONFIG``): a 2-layer target, the pair the
+  tests and examples load (``load_pair()``), small enough that every compile of it is quick.
+- ``DEMO_WEIGHTS`` (``jaxspec/assets/demo_pair``, ``DEMO_PAIR_CONFIG``): a 24-layer narrow target with the
+  same 3 MTP layers, the pair ``python -m jaxspec.demo`` runs: its target is deep enough that a speculative
+  round's fixed costs (3 draft layers, the round's bookkeeping) are small next to one target forward, so
+  speculation beats plain decoding on a CPU.
+
+``load_pair`` / ``save_pair`` read and write them through ``jaxspec.models.checkpoint`` (the same code
+that loads a user's Hugging Face checkpoint); ``jaxspec.train_tiny --config tiny|demo`` trains either.
 """
 
 import json
@@ -14,7 +20,9 @@ from jaxspec.models.checkpoint import load_model, save_model
 from jaxspec.models.config import DecoderConfig
 from jaxspec.models.mtp import MTPModel
 
-DEFAULT_WEIGHTS = os.path.join(os.path.dirname(os.path.dirname(__file__)), "assets", "tiny_pair")
+_ASSETS = os.path.join(os.path.dirname(os.path.dirname(__file__)), "assets")
+DEFAULT_WEIGHTS = os.path.join(_ASSETS, "tiny_pair")
+DEMO_WEIGHTS = os.path.join(_ASSETS, "demo_pair")
 
 # A 2-layer Llama target (D=96, 4 query / 2 KV heads of 24) with 3 DeepSeek-V3 MTP layers, vocabulary 64.
 TINY_PAIR_CONFIG = DecoderConfig(
@@ -22,6 +30,15 @@ TINY_PAIR_CONFIG = DecoderConfig(
     num_key_value_heads=2, head_dim=24, rms_norm_eps=1e-6, rope_theta=10000.0, num_nextn_predict_layers=3,
     model_type="llama",
 )
+
+# A 24-layer Llama target (D=64, 4 query / 2 KV heads of 16) with 3 MTP layers of the same shape, vocabulary 64.
+DEMO_PAIR_CONFIG = DecoderConfig(
+    vocab_size=64, hidden_size=64, intermediate_size=192, num_hidden_layers=24, num_attention_heads=4,
+    num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-6, rope_theta=10000.0, num_nextn_predict_layers=3,
+    model_type="llama",
+)
+
+PAIR_CONFIGS = {"tiny": TINY_PAIR_CONFIG, "demo": DEMO_PAIR_CONFIG}
 
 
 def save_pair(model: MTPModel, path: str, *, dtype=jnp.float32, **meta) -> None:
@@ -31,8 +48,9 @@ def save_pair(model: MTPModel, path: str, *, dtype=jnp.float32, **meta) -> None:
 
 
 def load_pair(path: str = DEFAULT_WEIGHTS) -> MTPModel:
-    """The target + MTP pair stored in checkpoint directory ``path`` (default: the shipped tiny pair) as an
-    ``MTPModel`` with float32 weights and KV: ``Engine(model, MTPDrafter(model), spec=...)``."""
+    """The target + MTP pair stored in checkpoint directory ``path`` (default: the shipped tiny pair; the
+    demo's is ``DEMO_WEIGHTS``) as an ``MTPModel`` with float32 weights and KV:
+    ``Engine(model, MTPDrafter(model), spec=...)``."""
     return load_model(path, mtp=True, kv_dtype=jnp.float32)
 
 
