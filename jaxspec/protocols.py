@@ -65,7 +65,8 @@ class AttentionMetadata:
                  engine's ``implementation`` / ``interpret``; ``dataclasses.replace`` keeps them.
 
     Fresh tokens attend to the prefix (positions ``< prefix_lens``) and to the fresh tokens ``qmask``
-    allows; their own K/V is written only after attention, so a forward never reads what it writes.
+    allows; their own K/V goes to ``write_locs``, which lie past the prefix, so attention never reads from the
+    pool what the same forward writes (its fresh keys come as ``k_new`` / ``v_new``).
     """
 
     positions: jax.Array
