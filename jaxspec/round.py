@@ -235,6 +235,46 @@ def plan_verify(
     return VerifyPlan(tree=tree, tokens=tree.draft_tokens.reshape(b, n), meta=meta, cache_locs=locs)
 
 
+def simulated_accept_path(
+    tree: TreeOutput, predict: Int32[Array, " T"], accept_lens: Int32[Array, " B"], spec: SpecConfig, *,
+    logits: Float[Array, "T V"] | None = None, target_predict: Int32[Array, " T"] | None = None,
+) -> tuple[Int32[Array, " T"], Int32[Array, "B A"], Int32[Array, " B"]]:
+    """A forced accepted path (benchmarking; SGLang's ``generate_simulated_accept_index``, but on a real path).
+
+    Row ``b`` accepts ``L = clip(accept_lens[b], 1, 1 + depth)`` nodes along the first-child chain
+    ``0 -> next_token[0] -> ...`` (``depth`` = that chain's length, ``S`` for chains and full trees).
+    Returns ``(predict, accept_index, accept_lens)`` as a verify would: ``predict`` at each accepted node but
+    the last is the next node's draft token (so the committed tokens are the drafts, then the verify's own
+    token after the last node), ``accept_index`` the global node ids, -1 padded. The token after the last
+    node is the target's argmax there (``logits`` rows, or ``target_predict``), whatever the verify drew.
+    """
+    s, n = spec.num_steps, spec.num_draft_tokens
+    b = accept_lens.shape[0]
+    rows = jnp.arange(b, dtype=jnp.int32)
+    nodes, node = [jnp.zeros((b,), jnp.int32)], jnp.zeros((b,), jnp.int32)
+    for _ in range(s):  # S is small and static: S gathers, no loop-carried shapes
+        nxt = tree.retrieve_next_token[rows, node]
+        nodes.append(jnp.where((node >= 0) & (nxt >= 0), nxt, -1))
+        node = nodes[-1]
+    path = jnp.stack(nodes, axis=1)  # (B, S+1) local ids, -1 past the chain's end
+    depth = jnp.sum((path[:, 1:] >= 0).astype(jnp.int32), axis=1)
+    lens = jnp.clip(accept_lens.astype(jnp.int32), 1, 1 + depth)
+    col = jnp.arange(s + 1, dtype=jnp.int32)[None, :]
+    accept_index = jnp.where(col < lens[:, None], rows[:, None] * n + path, -1)
+    tokens = tree.draft_tokens
+    nxt_tok = tokens[jnp.maximum(rows[:, None] * n + path[:, 1:], 0)]  # draft token of the next path node
+    write = jnp.where(col[:, :s] < lens[:, None] - 1, accept_index[:, :s], predict.shape[0])
+    predict = predict.at[write.reshape(-1)].set(nxt_tok.reshape(-1), mode="drop")
+    last = jnp.take_along_axis(accept_index, lens[:, None] - 1, axis=1)[:, 0]
+    if logits is not None:  # B rows of the logits, not B*N: the argmax costs B*V reads
+        last_tok = jnp.argmax(logits[last], axis=-1).astype(jnp.int32)
+    elif target_predict is not None:
+        last_tok = target_predict[last]
+    else:
+        last_tok = predict[last]
+    return predict.at[last].set(last_tok), accept_index, lens
+
+
 def commit(
     spec: SpecConfig,
     plan: VerifyPlan,
@@ -248,6 +288,7 @@ def commit(
     draft_probs: Float[Array, "B S V"] | None = None,
     threshold_single: float = 1.0,
     threshold_acc: float = 1.0,
+    simulated_accept_lens: Int32[Array, " B"] | None = None,
     implementation: str = "auto",
     interpret: bool = False,
 ) -> CommitOutput:
@@ -265,6 +306,12 @@ def commit(
     (the verify forward's features) is compacted with the accepted path when given. ``cache`` is the
     cache the verify forward returned (its K/V of the window is moved for ``K > 1``; donate it). Rows with
     ``active = False`` are computed but frozen: no KV move, ``seq_lens`` and ``bonus`` unchanged.
+
+    ``simulated_accept_lens`` (``i32[B]`` in ``[1, S+1]``; BENCHMARKING ONLY, never lossless): SGLang's
+    ``SIMULATE_ACC_LEN`` mode. The verify result is replaced by an accepted path of that many nodes along
+    the tree's first-child chain (clipped to its depth): the drafts on it are taken as accepted and the
+    verify's token after its last node is the bonus, so the KV move, compaction and drafter extend do the
+    work of a real round with that accept length (see ``simulated_accept_path``).
     """
     if (logits is None) == (target_predict is None):
         raise ValueError("commit: give exactly one of logits and target_predict")
@@ -306,6 +353,13 @@ def commit(
             target_predict, num_steps=s, topk=k,  # K-bounded sibling scan: loop-free (no per-trip host read on GPU)
         )
         predict, accept_index, accept_lens = v.predict, v.accept_index, v.num_correct_drafts + 1
+    if simulated_accept_lens is not None:
+        _check_batch("simulated_accept_lens", simulated_accept_lens, b)
+        predict, accept_index, accept_lens = simulated_accept_path(
+            tree, predict, simulated_accept_lens, spec,
+            logits=None if logits is None else logits.reshape(b * n, -1),
+            target_predict=None if target_predict is None else target_predict.reshape(-1),
+        )
     verify_predict = predict
     bonus = fill_bonus_tokens(predict, accept_index, accept_lens)
     accepted = jnp.take(predict, jnp.maximum(accept_index, 0), axis=0)
@@ -353,4 +407,5 @@ __all__ = [
     "plan_verify",
     "prefill_metadata",
     "root_metadata",
+    "simulated_accept_path",
 ]

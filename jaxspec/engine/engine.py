@@ -14,8 +14,10 @@ start and use the dummy page), the output buffer to the next power of two of the
 pool size is fixed per engine. So one executable serves every batch size and limit within a bucket.
 """
 
+import dataclasses
 import functools
 import os
+import time
 from typing import NamedTuple, Sequence
 
 import jax
@@ -26,8 +28,10 @@ from jax.experimental import checkify
 
 from jaxspec._validate import checks_enabled
 from jaxspec.config import SpecConfig
+from jaxspec.engine.policy import AdaptivePolicy, init_policy_state
+from jaxspec.engine.simulate import SimulatedAccept
 from jaxspec.engine.state import DecodeState, EngineOptions, SamplingParams
-from jaxspec.engine.step import plain_step, prefill, spec_step
+from jaxspec.engine.step import decode_step, draft_spec_max_accept, prefill
 from jaxspec.kernels._dispatch import next_pow2
 from jaxspec.protocols import Drafter, TargetModel, check_implements, make_req_to_token, num_pages_needed
 
@@ -42,6 +46,7 @@ class GenerateResult(NamedTuple):
     tokens: list  # list[np.ndarray int32], generated tokens of each request (prefill token included)
     num_rounds: np.ndarray  # i32[B] decode rounds (verify steps) while the request was active
     num_accepted: np.ndarray  # i32[B] tokens committed by those rounds (sum of accept_lens)
+    mode_rounds: np.ndarray | None = None  # adaptive engines: i32[M] batch rounds per mode (0 = plain)
 
     @property
     def mean_accept_length(self) -> float:
@@ -53,6 +58,7 @@ class _Compiled(NamedTuple):
     prefill: object
     step: object
     generate: object
+    decode: object
 
 
 def _checked(fn, checks: bool):
@@ -74,25 +80,32 @@ def _compiled(graphdef, treedef, opts: EngineOptions, checks: bool) -> _Compiled
     def _models(leaves):
         return nnx.merge(graphdef, jax.tree.unflatten(treedef, leaves))
 
-    def _step_fn(target, drafter, st):
-        return plain_step(target, opts, st) if drafter is None else spec_step(target, drafter, opts, st)
-
     def _prefill(params, state, prompts, lens):
         target, drafter = _models(params)
         return prefill(target, drafter, opts, state, prompts, lens)
 
     def _step(params, state):
-        return _step_fn(*_models(params), state)
+        return decode_step(*_models(params), opts, state)
 
     def _generate(params, state, prompts, lens):
         target, drafter = _models(params)
         state = prefill(target, drafter, opts, state, prompts, lens)
-        return jax.lax.while_loop(lambda st: ~jnp.all(st.done), lambda st: _step_fn(target, drafter, st), state)
+        return jax.lax.while_loop(lambda st: ~jnp.all(st.done), lambda st: decode_step(target, drafter, opts, st), state)
+
+    def _decode(params, state, force_mode, max_rounds):
+        target, drafter = _models(params)
+
+        def body(carry):
+            st, i = carry
+            return decode_step(target, drafter, opts, st, force_mode), i + 1
+
+        return jax.lax.while_loop(lambda c: ~jnp.all(c[0].done) & (c[1] < max_rounds), body, (state, 0))[0]
 
     return _Compiled(
         prefill=jax.jit(_checked(_prefill, checks), donate_argnums=(1,)),
         step=jax.jit(_checked(_step, checks), donate_argnums=(1,)),
         generate=jax.jit(_checked(_generate, checks), donate_argnums=(1,)),
+        decode=jax.jit(_checked(_decode, checks), donate_argnums=(1,)),
     )
 
 
@@ -237,6 +250,13 @@ class Engine:
         that samples (``MTPDrafter(model, sample_drafts=True)``); exact for any ``q``.
       threshold_single / threshold_acc: SGLang's acceptance thresholds for ``"target_only"`` in ``[0, 1]``
         (static; 1.0 = lossless, lower = more accepted drafts and a biased distribution).
+      adaptive: ``None`` (default: every round speculates with ``spec``), or ``True`` / an
+        ``AdaptivePolicy``: each round chooses between plain decoding and the draft shapes in ``spec`` (a
+        ``SpecConfig`` or a sequence of them) by measured round cost at the batch bucket and running
+        acceptance (``jaxspec.engine.policy``; lossless in every mode). Costs are measured on the device the
+        first time a batch bucket is generated (``calibrate``; ``round_costs`` holds them).
+      simulate_accept: BENCHMARKING ONLY, never lossless: a ``SimulatedAccept`` that forces the accept
+        length of every speculative round (SGLang's ``SIMULATE_ACC_LEN``; ``jaxspec.engine.simulate``).
 
     Sampling: ``generate(..., temperature=, top_k=, top_p=, seed=)`` per request (see ``prepare``). A batch
     whose temperatures are all 0 runs the greedy executable (bit-identical to the greedy loop); any other
@@ -262,11 +282,31 @@ class Engine:
         verify: str = "target_only",
         threshold_single: float = 1.0,
         threshold_acc: float = 1.0,
+        adaptive: "AdaptivePolicy | bool | None" = None,
+        simulate_accept: SimulatedAccept | None = None,
     ):
         check_implements(target, TargetModel, "target")
-        if spec is not None and not isinstance(spec, SpecConfig):
-            raise ValueError(f"spec: expected a SpecConfig or None, got {type(spec).__name__}")
-        if (spec is None) != (drafter is None):
+        if adaptive is True:
+            adaptive = AdaptivePolicy()
+        if adaptive is not None and adaptive is not False and not isinstance(adaptive, AdaptivePolicy):
+            raise ValueError(f"adaptive: expected None, True or an AdaptivePolicy, got {adaptive!r}")
+        adaptive = adaptive or None
+        specs = ()
+        if adaptive is not None:
+            specs = (spec,) if isinstance(spec, SpecConfig) else tuple(spec or ())
+            if not specs or not all(isinstance(x, SpecConfig) for x in specs) or len(set(specs)) != len(specs):
+                raise ValueError(f"spec: adaptive speculation needs one or more distinct SpecConfigs (the draft "
+                                 f"shapes to choose from besides plain decoding), got {spec!r}")
+            spec = None
+        elif spec is not None and not isinstance(spec, SpecConfig):
+            raise ValueError(f"spec: expected a SpecConfig or None (a sequence of them needs adaptive=True), "
+                             f"got {type(spec).__name__}")
+        if simulate_accept is not None and not isinstance(simulate_accept, SimulatedAccept):
+            raise ValueError(f"simulate_accept: expected None or a SimulatedAccept, got {simulate_accept!r}")
+        if simulate_accept is not None and drafter is None:
+            raise ValueError("simulate_accept: needs speculative decoding (a drafter and spec); plain decoding "
+                             "accepts nothing to simulate")
+        if (spec is None and not specs) != (drafter is None):
             raise ValueError(
                 "drafter: speculative decoding (spec) needs a drafter and plain decoding (spec=None) takes none; "
                 f"got spec={spec}, drafter={type(drafter).__name__}"
@@ -279,11 +319,14 @@ class Engine:
                 raise ValueError(f"{name}: expected an int >= {lo}, got {v!r}")
         if eos_id is not None and not 0 <= eos_id < self.vocab_size:
             raise ValueError(f"eos_id: expected a token id in [0, {self.vocab_size}), got {eos_id}")
-        thresholds = _check_verify(verify, threshold_single, threshold_acc, spec, drafter)
+        for x in specs or (spec,):
+            thresholds = _check_verify(verify, threshold_single, threshold_acc, x, drafter)
         self.opts = EngineOptions(
             spec=spec, page_size=page_size, implementation=implementation, interpret=interpret, verify=verify,
-            threshold_single=thresholds[0], threshold_acc=thresholds[1],
+            threshold_single=thresholds[0], threshold_acc=thresholds[1], specs=specs, adaptive=adaptive,
         )
+        self.simulate_accept = simulate_accept
+        self.round_costs: dict[int, np.ndarray] = {}  # adaptive: batch bucket -> seconds per round of each mode
         self.eos_id = -1 if eos_id is None else int(eos_id)
         self.max_context = max_context
         self.page_size = page_size
@@ -298,8 +341,8 @@ class Engine:
     def _check_memory(self, limit) -> int:
         slots = self.num_pages * self.page_size
         per_slot = int(self.target.kv_bytes_per_slot())
-        if self.drafter is not None:
-            per_slot += int(self.drafter.kv_bytes_per_slot(self.opts.spec))
+        for spec in self.opts.draft_specs:
+            per_slot += int(self.drafter.kv_bytes_per_slot(spec))
         rows = next_pow2(self.max_batch)
         table = rows * self.max_context * 4  # req_to_token, int32
         need = slots * per_slot + table
@@ -370,8 +413,18 @@ class Engine:
         r2t[:n] = make_req_to_token(n, self.max_context, self.page_size, num_pages=self.num_pages, seed=self.seed)
         num_slots = self.num_pages * self.page_size
         tcache = self.target.make_cache(r2t, num_slots)
-        draft = None if self.drafter is None else self.drafter.init_state(self.opts.spec, r2t, num_slots)
+        draft = None
+        if self.drafter is not None:
+            draft = tuple(self.drafter.init_state(spec, r2t, num_slots) for spec in self.opts.draft_specs)
+            draft = draft if self.opts.adaptive is not None else draft[0]
         _check_distinct_buffers(target_cache=tcache, draft=draft)
+        policy = None
+        if self.opts.adaptive is not None:  # uncalibrated (calibrate itself): equal costs, never read there
+            cost = self.round_costs.get(b, np.ones((1 + len(self.opts.specs),), np.float32))
+            policy = init_policy_state(cost, draft_spec_max_accept(self.opts.specs))
+        simulate = None
+        if self.simulate_accept is not None:
+            simulate = jnp.asarray(self.simulate_accept.table(max(x.num_steps + 1 for x in self.opts.draft_specs)))
         limits = np.zeros((b,), np.int32)
         limits[:n] = mnt
         t = max(MIN_OUTPUT_BUCKET, next_pow2(int(mnt.max())))
@@ -396,6 +449,8 @@ class Engine:
                 top_p=jnp.asarray(_pad(top_ps, b, 1.0)),
                 seed=jnp.asarray(_pad(seeds, b, 0)),
             ),
+            policy=policy,
+            simulate=simulate,
             all_greedy=bool(np.all(temps == 0)),
         )
         return state, jnp.asarray(padded), jnp.asarray(lens)
@@ -417,6 +472,60 @@ class Engine:
         checks on, the error flag is read after the call)."""
         return self._call("generate", state, prompts, prompt_lens)
 
+    def run_decode(self, state: DecodeState, *, max_rounds: int | None = None, mode: int | None = None) -> DecodeState:
+        """Jitted decode ``while_loop`` from a prefilled state (``run_prefill``; ``state`` donated): until every
+        request is done, or ``max_rounds`` rounds. ``mode`` (adaptive engines): force every round to mode
+        ``mode`` (0 = plain, ``i`` = ``spec[i - 1]``) instead of the policy's choice. Both are values (no
+        recompile)."""
+        m = 1 + len(self.opts.specs)
+        if mode is not None and (self.opts.adaptive is None or not isinstance(mode, int) or not 0 <= mode < m):
+            raise ValueError(f"mode: expected None, or an int in [0, {m}) for an adaptive engine "
+                             f"(adaptive={self.opts.adaptive is not None}), got {mode!r}")
+        if max_rounds is not None and (not isinstance(max_rounds, int) or not 1 <= max_rounds < 2**31):
+            raise ValueError(f"max_rounds: expected None or an int in [1, 2**31), got {max_rounds!r}")
+        rounds = jnp.int32(2**31 - 1 if max_rounds is None else max_rounds)
+        return self._call("decode", state, jnp.int32(-1 if mode is None else mode), rounds)
+
+    def calibrate(self, batch_size: int, *, context: int | None = None, rounds: int = 4) -> np.ndarray:
+        """Adaptive engines: measure the seconds per round of each mode (plain, then each draft shape) at the
+        batch bucket of ``batch_size`` on the device, store them in ``round_costs[bucket]`` (read by the
+        policy of every later ``prepare`` at that bucket) and return them.
+
+        Runs a throw-away batch of one-token prompts whose committed length is moved to ``context``
+        (default: half of ``max_context``; the K/V there are zeros, which costs the same), ``rounds`` timed
+        rounds per mode after one untimed pass (the first call of a bucket compiles the decode loop).
+        """
+        if self.opts.adaptive is None:
+            raise ValueError("calibrate: only adaptive engines (adaptive=True) choose modes by cost")
+        if not isinstance(batch_size, int) or not 1 <= batch_size <= self.max_batch:
+            raise ValueError(f"batch_size: expected an int in [1, max_batch={self.max_batch}], got {batch_size!r}")
+        if not isinstance(rounds, int) or rounds < 1:
+            raise ValueError(f"rounds: expected an int >= 1, got {rounds!r}")
+        m, width = 1 + len(self.opts.specs), self.opts.verify_width
+        max_new = self._calibration_tokens(rounds)
+        room = self.max_context - 1 - width - max_new
+        if room < 0:
+            raise ValueError(f"calibrate: max_context={self.max_context} leaves no room for {rounds} rounds of "
+                             f"{m} modes (needs > {1 + width + max_new}); lower rounds")
+        ctx = min(room, self.max_context // 2 if context is None else int(context))
+        if ctx < 0:
+            raise ValueError(f"context: expected an int >= 0, got {context!r}")
+        b = next_pow2(batch_size)
+        state, prompts, lens = self.prepare([np.zeros((1,), np.int32)] * batch_size, max_new)
+        state = self.run_prefill(state, prompts, lens)
+        active = ~state.done
+        state = dataclasses.replace(state, seq_lens=jnp.where(active, state.seq_lens + ctx, state.seq_lens))
+        costs = np.zeros((m,), np.float32)
+        for mode in range(m):
+            for timed in (False, True):
+                state = jax.block_until_ready(state)
+                t0 = time.perf_counter()
+                state = jax.block_until_ready(self.run_decode(state, max_rounds=rounds, mode=mode))
+                if timed:
+                    costs[mode] = (time.perf_counter() - t0) / rounds
+        self.round_costs[b] = costs
+        return costs
+
     def run_prefill(self, state, prompts, prompt_lens) -> DecodeState:
         """Jitted prefill (+ draft extend); ``state`` is donated."""
         return self._call("prefill", state, prompts, prompt_lens)
@@ -437,6 +546,7 @@ class Engine:
             tokens=[out[i, : num[i]] for i in range(r)],
             num_rounds=np.asarray(state.num_rounds)[:r],
             num_accepted=np.asarray(state.num_accepted)[:r],
+            mode_rounds=None if state.policy is None else np.asarray(state.policy.mode_rounds),
         )
 
     def generate(
@@ -445,13 +555,26 @@ class Engine:
         """Generation, whole loop on device (one XLA ``while_loop``); greedy by default, sampling with the
         per-request ``temperature`` / ``top_k`` / ``top_p`` / ``seed`` (scalars or sequences, see ``prepare``)."""
         kw = dict(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+        self._ensure_calibrated(len(prompts))
         return self.result(self.run(*self.prepare(prompts, max_new_tokens, **kw)), len(prompts))
+
+    def _calibration_tokens(self, rounds: int) -> int:
+        """Tokens the calibration's forced rounds may commit (untimed + timed pass, each round <= S + 1)."""
+        return 2 * rounds * int(sum(draft_spec_max_accept(self.opts.specs))) + 1
+
+    def _ensure_calibrated(self, batch_size: int) -> None:
+        if self.opts.adaptive is not None and 0 < batch_size <= self.max_batch:
+            if next_pow2(batch_size) not in self.round_costs:
+                fits = [r for r in (4, 3, 2, 1)
+                        if 1 + self.opts.verify_width + self._calibration_tokens(r) <= self.max_context]
+                self.calibrate(batch_size, rounds=fits[0] if fits else 4)
 
     def generate_host_driven(
         self, prompts: Sequence, max_new_tokens, *, temperature=0.0, top_k=None, top_p=1.0, seed=0
     ) -> GenerateResult:
         """``generate`` with one jitted call per round and a host ``done`` poll per round."""
         kw = dict(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+        self._ensure_calibrated(len(prompts))
         state = self.run_prefill(*self.prepare(prompts, max_new_tokens, **kw))
         while not bool(jnp.all(state.done)):
             state = self.run_step(state)

@@ -10,6 +10,7 @@ from typing import Any
 import jax
 
 from jaxspec.config import SpecConfig
+from jaxspec.engine.policy import AdaptivePolicy, PolicyState
 from jaxspec.protocols import PagedKVCache
 
 
@@ -26,6 +27,8 @@ class EngineOptions:
       chains only). Greedy batches always verify greedily.
     threshold_single / threshold_acc: SGLang's acceptance thresholds of ``"target_only"`` (1.0 / 1.0 =
       lossless; smaller values accept more drafts and bias the output distribution).
+    adaptive / specs: adaptive speculation (``jaxspec.engine.policy``): the draft shapes ``specs`` (modes
+      ``1..``, mode 0 = plain) chosen per round by ``adaptive``; ``spec`` is ``None`` then.
     """
 
     spec: SpecConfig | None = None
@@ -35,11 +38,18 @@ class EngineOptions:
     verify: str = "target_only"
     threshold_single: float = 1.0
     threshold_acc: float = 1.0
+    specs: tuple[SpecConfig, ...] = ()
+    adaptive: AdaptivePolicy | None = None
+
+    @property
+    def draft_specs(self) -> tuple[SpecConfig, ...]:
+        """The draft shapes the loop runs: ``(spec,)``, the adaptive ``specs``, or ``()`` (plain)."""
+        return self.specs if self.adaptive is not None else (() if self.spec is None else (self.spec,))
 
     @property
     def verify_width(self) -> int:
-        """Tokens a round writes past ``seq_lens`` (``N``; 1 for plain decoding)."""
-        return 1 if self.spec is None else self.spec.num_draft_tokens
+        """Tokens a round writes past ``seq_lens`` (the largest ``N``; 1 for plain decoding)."""
+        return max([1] + [s.num_draft_tokens for s in self.draft_specs])
 
 
 @jax.tree_util.register_dataclass
@@ -65,8 +75,8 @@ class DecodeState:
     """State of a decode batch (row ``b`` of every array is request row ``b`` of ``req_to_token``).
 
     target_cache: the target's paged KV (``TargetModel.make_cache``).
-    draft: the drafter's state (``Drafter.init_state``; its KV shares the target's slot ids), or ``None``
-      for plain decoding.
+    draft: the drafter's state (``Drafter.init_state``; its KV shares the target's slot ids), a tuple of
+      them (one per draft shape) in adaptive engines, or ``None`` for plain decoding.
     seq_lens: i32[B] committed target-KV length (ops-spec §0.3: the bonus token is not yet committed).
     bonus: i32[B] the last generated token (root of the next verify tree / next plain input).
     out_tokens: i32[B, T] generated tokens (prefill's first token included), zero padded; ``T`` is a
@@ -76,6 +86,9 @@ class DecodeState:
     eos_id: i32[] stop token, -1 for none (a value, so changing it does not recompile).
     num_rounds: i32[B] rounds in which the request was active; num_accepted: i32[B] sum of accept_lens.
     sampling: per-request ``SamplingParams``.
+    policy: the adaptive policy's ``PolicyState`` (adaptive engines), else ``None``.
+    simulate: ``f32[A]`` accept-length distribution of simulated acceptance (``engine.simulate``;
+      benchmarking only, not lossless), else ``None``.
     all_greedy: static; ``True`` when every request has temperature 0: the loops then take the greedy
       executable (SGLang's ``is_all_greedy``), else the sampling-capable one (temperature-0 rows in it are
       still greedy). It is part of the jit key, never a per-value recompile.
@@ -93,4 +106,6 @@ class DecodeState:
     num_rounds: jax.Array
     num_accepted: jax.Array
     sampling: SamplingParams
+    policy: PolicyState | None = None
+    simulate: jax.Array | None = None
     all_greedy: bool = dataclasses.field(default=True, metadata=dict(static=True))

@@ -9,11 +9,15 @@ imported here). One speculative round::
 """
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
 
 from jaxspec import round as rnd
+from jaxspec.config import SpecConfig
+from jaxspec.engine.policy import choose_mode, update_policy
+from jaxspec.engine.simulate import draw_accept_lens
 from jaxspec.engine.state import DecodeState, EngineOptions
 from jaxspec.ops.accept import MAX_COIN, sample_from_probs, sampling_probs
 
@@ -87,7 +91,8 @@ def prefill(target, drafter, opts: EngineOptions, state: DecodeState, prompts: j
 
     The first token becomes the bonus and the first output; ``seq_lens = prompt_lens``. Greedy
     (``state.all_greedy``): the argmax. Else sampled with the keys ``fold_in(key(seed), 0)`` (split: the
-    token's coin, and the drafter's coins in ``verify="draft_probs"``).
+    token's coin, and the drafter's coins in ``verify="draft_probs"``, one key per drafter state).
+    Adaptive engines extend the drafter state of every draft shape.
     """
     b, p = prompts.shape
     r2t = state.target_cache.req_to_token
@@ -95,37 +100,52 @@ def prefill(target, drafter, opts: EngineOptions, state: DecodeState, prompts: j
     logits, hidden, tcache = target.forward(prompts, meta, state.target_cache)
     rows = jnp.arange(b, dtype=jnp.int32)
     last = logits[rows, prompt_lens - 1]
-    kw = {}
+    specs = opts.draft_specs
+    keys = None
     if state.all_greedy:
         first = _greedy(last)
     else:
-        keys = request_keys(state, jnp.zeros((b,), jnp.int32), 2)
+        keys = request_keys(state, jnp.zeros((b,), jnp.int32), 1 + max(1, len(specs)))
         first = sample_next(state, last, _coins(keys[:, 0], ()))
-        if _draft_probs_mode(opts, state):
-            kw = dict(sampling=_draft_sampling(state, keys[:, 1], opts.spec.num_steps))
     draft = state.draft
     if drafter is not None:
-        draft = drafter.extend_after_prefill(opts.spec, draft, prompts, hidden, meta, prompt_lens, first, **kw)
+        states = []
+        for i, spec in enumerate(specs):
+            kw = {}
+            if keys is not None and _draft_probs_mode(opts, state):
+                kw = dict(sampling=_draft_sampling(state, keys[:, 1 + i], spec.num_steps))
+            old = draft[i] if opts.adaptive is not None else draft
+            states.append(drafter.extend_after_prefill(spec, old, prompts, hidden, meta, prompt_lens, first, **kw))
+        draft = tuple(states) if opts.adaptive is not None else states[0]
     state = dataclasses.replace(state, target_cache=tcache, draft=draft, seq_lens=prompt_lens, bonus=first)
     out, num, done = append_tokens(state, first[:, None], jnp.ones((b,), jnp.int32))
     return dataclasses.replace(state, out_tokens=out, num_generated=num, done=done)
 
 
-def spec_step(target, drafter, opts: EngineOptions, state: DecodeState) -> DecodeState:
+def spec_step(target, drafter, opts: EngineOptions, state: DecodeState, which: int | None = None) -> DecodeState:
     """One speculative round for the whole batch (traced). Requests already ``done`` are computed but
     frozen (their writes stay inside their own, already reserved window).
 
     Sampling batches (``not state.all_greedy``): each request's round keys are
     ``split(fold_in(key(seed), 1 + num_rounds), 3)`` (verify coins ``(N,)`` + final coin, drafter coins
-    ``(S,)``); ``round.commit`` verifies with ``opts.verify``."""
-    spec, kw = opts.spec, _kernel_kw(opts)
+    ``(S,)``); ``round.commit`` verifies with ``opts.verify``. ``which``: adaptive engines, the index of the
+    draft shape in ``opts.specs`` (its drafter state is ``state.draft[which]``). With ``state.simulate``
+    (benchmarking) the accept lengths are drawn from it (keys ``fold_in(fold_in(key(seed), -(1 + num_rounds)),
+    row)``: rows with equal seeds still draw apart)."""
+    spec = opts.spec if which is None else opts.specs[which]
+    kw = _kernel_kw(opts)
     seq, r2t = state.seq_lens, state.target_cache.req_to_token
     active = ~state.done
     root = rnd.root_metadata(seq, r2t, page_size=opts.page_size, **_kernel_kw(opts))
-    draft, dstate = drafter.propose(spec, state.draft, state.bonus, root)
+    dstate_in = state.draft if which is None else state.draft[which]
+    draft, dstate = drafter.propose(spec, dstate_in, state.bonus, root)
     plan = rnd.plan_verify(spec, state.bonus, draft, seq, r2t, page_size=opts.page_size, **kw)
     logits, hidden, tcache = target.forward(plan.tokens, plan.meta, state.target_cache)
     ext = {}
+    if state.simulate is not None:
+        sim_keys = request_keys(state, -(1 + state.num_rounds), 1)[:, 0]
+        sim_keys = jax.vmap(jax.random.fold_in)(sim_keys, jnp.arange(sim_keys.shape[0]))  # rows draw apart
+        kw = dict(kw, simulated_accept_lens=draw_accept_lens(state.simulate, sim_keys))
     if state.all_greedy:
         out = rnd.commit(spec, plan, tcache, logits=logits, hidden=hidden, active=active, **kw)
     else:
@@ -151,6 +171,8 @@ def spec_step(target, drafter, opts: EngineOptions, state: DecodeState) -> Decod
         spec, dstate, out.window_tokens, out.window_hidden, out.draft_meta, out.accept_lens, **ext
     )
     out_tokens, num, done = append_tokens(state, out.accepted, out.accept_lens)
+    if which is not None:
+        dstate = tuple(dstate if i == which else d for i, d in enumerate(state.draft))
     return dataclasses.replace(
         state,
         target_cache=out.cache,
@@ -189,3 +211,32 @@ def plain_step(target, opts: EngineOptions, state: DecodeState) -> DecodeState:
         num_rounds=state.num_rounds + active.astype(jnp.int32),
         num_accepted=state.num_accepted + active.astype(jnp.int32),
     )
+
+
+def adaptive_step(target, drafter, opts: EngineOptions, state: DecodeState, force_mode=None) -> DecodeState:
+    """One round of adaptive speculation: ``policy.choose_mode`` picks plain decoding (mode 0) or draft shape
+    ``opts.specs[m - 1]``, one ``lax.switch`` runs that round, and the round's mean accept length over its
+    active requests updates the policy state. ``force_mode`` (traced ``i32[]``, ``-1`` = the policy's
+    choice) forces a mode, e.g. to time each one (``Engine.calibrate``)."""
+    ps = state.policy
+    mode = choose_mode(opts.adaptive, ps)
+    if force_mode is not None:
+        mode = jnp.where(force_mode >= 0, force_mode, mode)
+    branches = [functools.partial(plain_step, target, opts)]
+    branches += [functools.partial(spec_step, target, drafter, opts, which=i) for i in range(len(opts.specs))]
+    new = jax.lax.switch(mode, branches, state)
+    rounds = jnp.sum(new.num_rounds - state.num_rounds)
+    accept = jnp.sum(new.num_accepted - state.num_accepted).astype(jnp.float32) / jnp.maximum(rounds, 1).astype(jnp.float32)
+    return dataclasses.replace(new, policy=update_policy(opts.adaptive, ps, mode, accept))
+
+
+def decode_step(target, drafter, opts: EngineOptions, state: DecodeState, force_mode=None) -> DecodeState:
+    """The loop body of an engine: ``adaptive_step``, ``spec_step`` or ``plain_step`` by ``opts``."""
+    if opts.adaptive is not None:
+        return adaptive_step(target, drafter, opts, state, force_mode)
+    return plain_step(target, opts, state) if drafter is None else spec_step(target, drafter, opts, state)
+
+
+def draft_spec_max_accept(specs: tuple[SpecConfig, ...]) -> tuple[float, ...]:
+    """The most a round of each mode accepts: plain 1, a draft shape ``S + 1``."""
+    return (1.0,) + tuple(float(s.num_steps + 1) for s in specs)

@@ -1,0 +1,100 @@
+"""Adaptive speculation: the per-round choice between plain decoding and the engine's draft shapes.
+
+Modes: ``0`` = plain decoding, ``1 + i`` = a speculative round with ``specs[i]``. A round of mode ``m`` yields
+``accept(m)`` tokens per active request (plain: 1) and costs ``round_cost[m]`` seconds for the whole batch
+bucket; rows of finished requests are still computed, so the cost of a round depends on the bucket ``B``
+(static, one executable per bucket), never on how many requests are left, and the best mode is the one with
+the highest ``accept(m) / round_cost[m]``. ``round_cost`` is measured on the device for the bucket
+(``Engine.calibrate``, values in the state: new costs never recompile); ``accept`` is a running average of
+the accept lengths the mode had (``ema_weight``), starting optimistic (``S + 1``). A speculative mode not
+run for ``probe_interval`` rounds runs once more if its optimistic rate could beat the best, so a shape
+switched off by low acceptance is tried again when the text gets easier. Every mode is lossless; the choice
+is one ``lax.switch`` per round inside the compiled loop (no host sync).
+
+What the switch costs in acceptance: each draft shape keeps its own drafter state, extended only by its own
+rounds, so after rounds of other modes a shape drafts from a state that misses those positions (its first
+proposal is stale, its draft KV has holes). That lowers its acceptance until its next rounds refill it; it
+never changes the output (verification is exact).
+"""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+@dataclasses.dataclass(frozen=True)
+class AdaptivePolicy:
+    """Static settings of adaptive speculation (``Engine(..., spec=(...), adaptive=AdaptivePolicy())``).
+
+    ema_weight: weight of the newest round in a mode's running accept length, in ``(0, 1]``.
+    probe_interval: rounds after which an unused speculative mode is tried once more (>= 1).
+    """
+
+    ema_weight: float = 0.25
+    probe_interval: int = 64
+
+    def __post_init__(self):
+        w = self.ema_weight
+        if isinstance(w, bool) or not isinstance(w, (int, float)) or not 0.0 < float(w) <= 1.0:
+            raise ValueError(f"AdaptivePolicy.ema_weight: expected a float in (0, 1], got {w!r}")
+        p = self.probe_interval
+        if isinstance(p, bool) or not isinstance(p, int) or p < 1:
+            raise ValueError(f"AdaptivePolicy.probe_interval: expected an int >= 1, got {p!r}")
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class PolicyState:
+    """What the compiled loop carries for the policy (``M`` = 1 + number of draft shapes).
+
+    round_cost: ``f32[M]`` seconds per round of each mode at this batch bucket (``Engine.calibrate``).
+    max_accept: ``f32[M]`` the most a round of each mode can accept (plain 1, spec ``S + 1``).
+    accept: ``f32[M]`` running accept length per mode (plain fixed at 1).
+    idle: ``i32[M]`` rounds since each mode last ran.
+    mode_rounds: ``i32[M]`` rounds each mode ran (statistics).
+    """
+
+    round_cost: jax.Array
+    max_accept: jax.Array
+    accept: jax.Array
+    idle: jax.Array
+    mode_rounds: jax.Array
+
+
+def init_policy_state(round_cost, max_accept) -> PolicyState:
+    """Fresh policy state: every speculative mode starts at its optimistic accept length ``S + 1``."""
+    cost = np.asarray(round_cost, np.float32)
+    top = np.asarray(max_accept, np.float32)
+    if cost.shape != top.shape or cost.ndim != 1 or not np.all(np.isfinite(cost)) or np.any(cost <= 0):
+        raise ValueError(f"round_cost: expected {top.shape[0]} positive finite seconds (one per mode), got {cost}")
+    m = cost.shape[0]
+    return PolicyState(
+        round_cost=jnp.asarray(cost), max_accept=jnp.asarray(top), accept=jnp.asarray(top.copy()),
+        idle=jnp.zeros((m,), jnp.int32), mode_rounds=jnp.zeros((m,), jnp.int32),
+    )
+
+
+def choose_mode(policy: AdaptivePolicy, ps: PolicyState) -> jax.Array:
+    """``i32[]`` mode of the next round: the best ``accept / round_cost``, or a due probe (lowest mode first)."""
+    rate = ps.accept / ps.round_cost
+    best = jnp.argmax(rate).astype(jnp.int32)
+    m = rate.shape[0]
+    could_win = ps.max_accept / ps.round_cost > rate[best]
+    due = (ps.idle >= policy.probe_interval) & could_win & (jnp.arange(m) > 0)
+    return jnp.where(jnp.any(due), jnp.argmax(due).astype(jnp.int32), best)
+
+
+def update_policy(policy: AdaptivePolicy, ps: PolicyState, mode: jax.Array, accept: jax.Array) -> PolicyState:
+    """Fold the round's mean accept length (over its active requests) into mode ``mode``'s average."""
+    m = ps.accept.shape[0]
+    hit = jnp.arange(m) == mode
+    w = jnp.float32(policy.ema_weight)
+    new = jnp.where(hit & (mode > 0), (1 - w) * ps.accept + w * accept, ps.accept)
+    return dataclasses.replace(
+        ps, accept=new, idle=jnp.where(hit, 0, ps.idle + 1), mode_rounds=ps.mode_rounds + hit.astype(jnp.int32)
+    )
+
+
+__all__ = ["AdaptivePolicy", "PolicyState", "choose_mode", "init_policy_state", "update_policy"]

@@ -1,0 +1,208 @@
+"""Adaptive speculation (``engine.policy``), simulated acceptance (``engine.simulate``) and ``Engine.run_decode``.
+
+Adaptive engines must be lossless whatever mode the policy picks: greedy output == plain greedy output with
+round costs that favour plain, the chain, the tree, and with calibrated costs. Simulated acceptance must
+accept exactly the drawn lengths along the first-child chain (integer means are exact: every round accepts
+that many nodes, clipped to the chain's depth). A small random MTP model keeps the compiles short; one
+engine per configuration is shared by the module (every generate has the same shapes).
+"""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from jaxspec.config import SpecConfig
+from jaxspec.engine import AdaptivePolicy, Engine, SimulatedAccept
+from jaxspec.engine.policy import choose_mode, init_policy_state, update_policy
+from jaxspec.engine.simulate import draw_accept_lens
+from jaxspec.models import DecoderConfig, MTPDrafter, MTPModel
+from jaxspec.round import simulated_accept_path
+from jaxspec.ops.tree import TreeMaskMode, build_chain_tree, build_tree
+from jaxspec.testing import draft_lists, organize
+
+CFG = DecoderConfig(vocab_size=32, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                    num_attention_heads=2, num_key_value_heads=1, head_dim=16)
+CHAIN = SpecConfig(3, 1, 4)
+TREE = SpecConfig(3, 2, 6)
+KW = dict(max_context=96, page_size=8, max_batch=4)
+MAX_NEW = 20
+
+
+@pytest.fixture(scope="module")
+def model():
+    return MTPModel(CFG, rngs=nnx.Rngs(7), kv_dtype=jnp.float32, num_mtp_layers=3)
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    rng = np.random.default_rng(11)
+    return [rng.integers(0, CFG.vocab_size, n).astype(np.int32) for n in (5, 9, 3)]
+
+
+@pytest.fixture(scope="module")
+def plain(model, prompts):
+    return Engine(model, None, **KW).generate(prompts, MAX_NEW)
+
+
+@pytest.fixture(scope="module")
+def adaptive(model):
+    return Engine(model, MTPDrafter(model), spec=(CHAIN, TREE), adaptive=AdaptivePolicy(probe_interval=4), **KW)
+
+
+def _same(a, b):
+    assert len(a.tokens) == len(b.tokens)
+    for x, y in zip(a.tokens, b.tokens):
+        np.testing.assert_array_equal(x, y)
+
+
+@pytest.mark.parametrize("favour", [0, 1, 2])
+def test_adaptive_lossless_in_every_mode(adaptive, plain, prompts, favour):
+    """Costs favouring one mode: that mode runs (bar probes) and the output is plain greedy decoding's."""
+    costs = np.full((3,), 50.0, np.float32)
+    costs[favour] = 1.0
+    adaptive.round_costs[4] = costs
+    res = adaptive.generate(prompts, MAX_NEW)
+    _same(res, plain)
+    assert res.mode_rounds.shape == (3,)
+    assert int(np.argmax(res.mode_rounds)) == favour, res.mode_rounds
+    if favour == 0:  # a draft shape at 50x plain's cost cannot win even accepting all 4 nodes: never probed
+        assert res.mode_rounds[1:].sum() == 0, res.mode_rounds
+
+
+def test_adaptive_calibrated(adaptive, plain, prompts):
+    """An uncalibrated bucket is measured on first use: 3 positive costs, then a lossless generate."""
+    adaptive.round_costs.clear()
+    res = adaptive.generate(prompts, MAX_NEW)
+    assert set(adaptive.round_costs) == {4} and adaptive.round_costs[4].shape == (3,)
+    assert np.all(adaptive.round_costs[4] > 0)
+    _same(res, plain)
+
+
+@pytest.mark.slow
+def test_adaptive_sampling_keeps_greedy_rows(adaptive, plain, prompts):
+    """A sampling batch (its own executable) keeps its temperature-0 rows plain greedy in every mode."""
+    for favour in range(3):
+        costs = np.full((3,), 50.0, np.float32)
+        costs[favour] = 1.0
+        adaptive.round_costs[4] = costs
+        mixed = adaptive.generate(prompts, MAX_NEW, temperature=[0.0, 0.9, 0.0], seed=[1, 2, 3])
+        assert int(np.argmax(mixed.mode_rounds)) == favour
+        for i in (0, 2):
+            np.testing.assert_array_equal(mixed.tokens[i], plain.tokens[i])
+
+
+def test_policy_choice_probe_and_average():
+    ps = init_policy_state([1.0, 2.0, 4.0], [1.0, 4.0, 4.0])
+    pol = AdaptivePolicy(ema_weight=0.5, probe_interval=3)
+    assert int(choose_mode(pol, ps)) == 1  # optimistic start: 4/2 beats 1/1 and 4/4
+    ps = update_policy(pol, ps, jnp.int32(1), jnp.float32(1.0))  # the chain accepted nothing: (4 + 1) / 2
+    np.testing.assert_allclose(np.asarray(ps.accept), [1.0, 2.5, 4.0])
+    np.testing.assert_array_equal(np.asarray(ps.idle), [1, 0, 1])
+    np.testing.assert_array_equal(np.asarray(ps.mode_rounds), [0, 1, 0])
+    ps = update_policy(pol, ps, jnp.int32(1), jnp.float32(1.0))  # accept 1.75: rate 0.875 < plain 1
+    assert int(choose_mode(pol, ps)) == 0
+    for _ in range(2):  # plain rounds; the chain idles (2 -> 3 rounds): a probe is due, the tree never wins
+        ps = update_policy(pol, ps, jnp.int32(0), jnp.float32(1.0))
+    assert int(ps.idle[1]) == 2 and int(choose_mode(pol, ps)) == 0
+    ps = update_policy(pol, ps, jnp.int32(0), jnp.float32(1.0))
+    assert int(choose_mode(pol, ps)) == 1  # due probe: 4/2 could beat 1
+    ps = dataclasses.replace(ps, round_cost=jnp.asarray([1.0, 5.0, 5.0]))
+    assert int(choose_mode(pol, ps)) == 0  # 4/5 can never beat plain: no probe
+    np.testing.assert_allclose(np.asarray(ps.accept)[0], 1.0)  # plain's accept never moves
+
+
+@pytest.mark.parametrize("bad, match", [
+    (dict(ema_weight=0.0), "ema_weight"), (dict(ema_weight=1.5), "ema_weight"), (dict(probe_interval=0), "probe_interval"),
+])
+def test_policy_validation(bad, match):
+    with pytest.raises(ValueError, match=match):
+        AdaptivePolicy(**bad)
+    with pytest.raises(ValueError, match="round_cost"):
+        init_policy_state([1.0, 0.0], [1.0, 4.0])
+
+
+def test_engine_argument_errors(model):
+    d = MTPDrafter(model)
+    with pytest.raises(ValueError, match="needs adaptive=True"):
+        Engine(model, d, spec=[CHAIN, TREE], **KW)
+    with pytest.raises(ValueError, match="distinct SpecConfigs"):
+        Engine(model, d, spec=[CHAIN, CHAIN], adaptive=True, **KW)
+    with pytest.raises(ValueError, match="adaptive: expected"):
+        Engine(model, d, spec=CHAIN, adaptive="yes", **KW)
+    with pytest.raises(ValueError, match="simulate_accept: needs speculative"):
+        Engine(model, None, simulate_accept=SimulatedAccept(mean=2.0), **KW)
+    eng = Engine(model, d, spec=CHAIN, **KW)
+    with pytest.raises(ValueError, match="mode: expected"):
+        eng.run_decode(None, mode=0)
+    with pytest.raises(ValueError, match="calibrate: only adaptive"):
+        eng.calibrate(1)
+
+
+@pytest.mark.parametrize("bad, match", [
+    (dict(), "exactly one"), (dict(mean=2.0, probs=(1.0,)), "exactly one"), (dict(mean=0.5), "mean"),
+    (dict(mean=float("nan")), "mean"), (dict(probs=(0.0, 0.0)), "probs"), (dict(probs=(0.5, -0.1)), "probs"),
+])
+def test_simulated_accept_validation(bad, match):
+    with pytest.raises(ValueError, match=match):
+        SimulatedAccept(**bad)
+
+
+def test_simulated_accept_tables_and_draws():
+    np.testing.assert_allclose(SimulatedAccept(mean=2.25).table(4), [0, 0.75, 0.25, 0])
+    np.testing.assert_allclose(SimulatedAccept(mean=7.0).table(4), [0, 0, 0, 1])  # clipped to S + 1
+    np.testing.assert_allclose(SimulatedAccept(probs=(1, 1, 1, 1, 4)).table(3), [0.125, 0.125, 0.75])
+    keys = jax.random.split(jax.random.key(5), 20000)
+    lens = np.asarray(draw_accept_lens(jnp.asarray([0.1, 0.2, 0.3, 0.4], jnp.float32), keys))
+    assert lens.min() >= 1 and lens.max() <= 4
+    # 20000 draws: each frequency within 5 standard errors (<= 0.017) of its probability
+    np.testing.assert_allclose(np.bincount(lens, minlength=5)[1:] / lens.size, [0.1, 0.2, 0.3, 0.4], atol=0.02)
+
+
+def test_simulated_accept_path_follows_first_children():
+    b, seq = 2, jnp.array([5, 9], jnp.int32)
+    bonus = jnp.array([1, 2], jnp.int32)
+    chain = build_chain_tree(bonus, jnp.array([[10, 11, 12], [20, 21, 22]], jnp.int32), seq, config=CHAIN)
+    predict = jnp.full((b * 4,), -7, jnp.int32)
+    logits = jax.nn.one_hot(jnp.arange(b * 4) % 32, 32)  # the target's argmax at node g is g % 32
+    p, idx, lens = simulated_accept_path(chain, predict, jnp.array([3, 9], jnp.int32), CHAIN, logits=logits)
+    np.testing.assert_array_equal(np.asarray(lens), [3, 4])
+    np.testing.assert_array_equal(np.asarray(idx), [[0, 1, 2, -1], [4, 5, 6, 7]])
+    # accepted nodes but the last predict the next draft; the last gets the target's argmax
+    np.testing.assert_array_equal(np.asarray(p), [10, 11, 2, -7, 20, 21, 22, 7])
+    # a tree: the first-child chain of a top-2 tree built from random drafts
+    lists = draft_lists(np.random.default_rng(0), b, TREE.num_steps, TREE.topk, vocab=32)
+    parent_list, top_index, draft = organize(lists[0], lists[1], lists[2], TREE.num_draft_tokens)
+    tree = build_tree(bonus, jnp.asarray(parent_list, jnp.int32), jnp.asarray(top_index, jnp.int32),
+                      jnp.asarray(draft, jnp.int32), seq, config=TREE, mask_mode=TreeMaskMode.QLEN_ONLY)
+    n = TREE.num_draft_tokens
+    p, idx, lens = simulated_accept_path(tree, jnp.zeros((b * n,), jnp.int32), jnp.array([4, 4], jnp.int32), TREE)
+    nxt, tok = np.asarray(tree.retrieve_next_token), np.asarray(tree.draft_tokens)
+    for r in range(b):
+        path = [0]
+        while len(path) < 4 and nxt[r, path[-1]] >= 0:
+            path.append(int(nxt[r, path[-1]]))
+        assert int(lens[r]) == len(path)
+        np.testing.assert_array_equal(np.asarray(idx)[r, : len(path)], [r * n + j for j in path])
+        for j, node in enumerate(path[:-1]):
+            assert int(p[r * n + node]) == tok[r * n + path[j + 1]]
+
+
+@pytest.mark.parametrize("spec, mean, want", [(CHAIN, 3.0, 3.0), (CHAIN, 9.0, 4.0), (TREE, 1.0, 1.0)])
+def test_engine_simulated_accept_is_exact_for_integer_means(model, prompts, spec, mean, want):
+    eng = Engine(model, MTPDrafter(model), spec=spec, simulate_accept=SimulatedAccept(mean=mean), **KW)
+    res = eng.generate(prompts, MAX_NEW)
+    assert res.mean_accept_length == want
+    assert [len(t) for t in res.tokens] == [MAX_NEW] * len(prompts)
+
+
+def test_run_decode_matches_generate_and_stops_at_max_rounds(model, prompts):
+    eng = Engine(model, MTPDrafter(model), spec=CHAIN, **KW)
+    ref = eng.generate(prompts, MAX_NEW)
+    state = eng.run_prefill(*eng.prepare(prompts, MAX_NEW))
+    part = eng.run_decode(state, max_rounds=2)
+    assert np.asarray(part.num_rounds)[: len(prompts)].tolist() == [2] * len(prompts)
+    _same(Engine.result(eng.run_decode(part), len(prompts)), ref)
