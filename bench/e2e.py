@@ -11,19 +11,16 @@ Method, per (model, config, batch, context) row:
   context length (the KV content behind it is whatever the pool holds: fine for timing random weights).
   One ``max_context`` (the largest context + a margin) for every context, so one executable per
   (model, config, batch) serves both contexts (the attention kernel reads ``seq_lens`` pages, not ``W``).
-* Decode: the jitted ``while_loop`` over ``plain_step`` / ``spec_step`` from the prefilled state
-  (``Engine.run_decode`` when the engine has it, else the same loop built here), ``--max-new`` tokens per
-  request; tokens/s = generated tokens / wall time of the loop (median of ``--repeats``); compile seconds =
-  ``lower().compile()`` of that loop.
-* Acceptance: random weights accept (almost) nothing, so speculative tokens/s is reported at SIMULATED
-  accept lengths: mean 2.0, 3.0 and the real pair's distribution (the shipped tiny pair's accept-length
-  histogram per config, measured in the same run with ``Engine.run_step``). The loop runs with the engine's
-  ``simulate_accept=SimulatedAccept(mean=...)`` / ``(probs=...)`` (``sim`` column "engine ..."; the
-  ``accept`` column is the accept length the loop measured, which for the tree can fall below the setting:
-  the simulated path follows the draft tree's first-child chain). On an engine without that option the
-  speculative row's tokens/s is PROJECTED as ``B x mean accept / measured time per round`` (``sim``
-  "projected ..."; a round's cost hardly depends on what it accepts: the tree's KV move of the accepted
-  rows and the drafter's extend window are fixed-shape). Every row touched by simulation says so.
+* Decode: ``Engine.run_decode`` (the jitted ``while_loop`` over ``plain_step`` / ``spec_step`` from the
+  prefilled state), ``--max-new`` tokens per request; tokens/s = generated tokens / wall time of the loop
+  (median of ``--repeats``); compile seconds = first loop's time - the median.
+* Acceptance: random weights accept (almost) nothing, so speculative rows run with the engine's SIMULATED
+  acceptance, ``Engine(simulate_accept=SimulatedAccept(mean=...))`` / ``(probs=...)``: mean 2.0, 3.0 and the
+  real pair's distribution (the shipped tiny pair's accept-length histogram per config, measured in the same
+  run with ``Engine.run_step``). Every such row says so in its ``sim`` column; its ``accept`` column is the
+  accept length the loop measured (for the tree it can fall below the setting: the simulated path follows the
+  draft tree's first-child chain, which can be shorter). One executable per (config, batch) serves every
+  setting (the distribution is a value of the state).
 * Breakdown (``--breakdown`` batches): the round's pieces timed as SEPARATE jitted calls on the same shapes,
   each in a device loop (1-trip loop subtracted): draft = ``propose`` + ``extend_after_verify``; verify =
   the target forward over the N verify tokens; bookkeeping = ``plan_verify`` + ``commit`` + ``append_tokens``.
@@ -35,7 +32,6 @@ Method, per (model, config, batch, context) row:
 * Speculation efficiency = (spec tok/s / plain tok/s) / mean accept length (1.0: a round costs a plain step).
 """
 
-import dataclasses
 import json
 import os
 import statistics
@@ -43,10 +39,10 @@ import sys
 import time
 
 import _cli
+from _e2e_parts import ab_old_linear, breakdown, pair_accept_histogram, plain_forward_ms, prefilled, profile_plain
 
 BATCHES = "1,8,32,128"
 CONTEXTS = "1024,4096"
-PROMPT = 8  # prompt tokens per request (prefill), before seq_lens is moved to the context
 SIM_MEANS = (2.0, 3.0)
 
 
@@ -112,310 +108,11 @@ def weight_bytes(model) -> dict:
     return dict(target=layers + head, draft=size(model.mtp_layers[0]) + head, total=size(model))
 
 
-# ---------------------------------------------------------------------------------------------- loops
-def _models_fn(eng):
-    import jax
-    from flax import nnx
-
-    graphdef, treedef = eng.graphdef, eng._treedef
-
-    def models(params):
-        return nnx.merge(graphdef, jax.tree.unflatten(treedef, params))
-
-    return models
-
-
-def decode_loop(eng):
-    """``state -> state``: the jitted decode ``while_loop`` from a prefilled state (state donated)."""
-    import jax
-    import jax.numpy as jnp
-
-    from jaxspec.engine import plain_step, spec_step
-
-    models, opts = _models_fn(eng), eng.opts
-
-    def e2e_decode_loop(params, state):
-        target, drafter = models(params)
-
-        def body(st):
-            return plain_step(target, opts, st) if drafter is None else spec_step(target, drafter, opts, st)
-
-        return jax.lax.while_loop(lambda st: ~jnp.all(st.done), body, state)
-
-    return jax.jit(e2e_decode_loop, donate_argnums=(1,))
-
-
-def prefilled(eng, batch: int, context: int, max_new: int):
-    """Prefill ``PROMPT`` tokens per request, then move ``seq_lens`` to ``context``."""
-    import jax
-    import numpy as np
-
-    rng = np.random.default_rng(batch)
-    prompts = [rng.integers(0, eng.vocab_size, PROMPT).astype(np.int32) for _ in range(batch)]
-    state = eng.run_prefill(*eng.prepare(prompts, max_new))
-    shift = context - PROMPT
-    return jax.block_until_ready(dataclasses.replace(state, seq_lens=state.seq_lens + shift))
-
-
-def piece_timer(fn):
-    """A jitted ``(params, aux, carry, n) -> carry`` running ``fn(params, aux, carry)`` n times in a device loop
-    (one compile for any n; ``carry`` donated; big inputs travel in ``aux``, never as closed-over constants)."""
-    import jax
-
-    def e2e_piece(params, aux, carry, n):
-        return jax.lax.fori_loop(0, n, lambda i, c: fn(params, aux, c), carry)
-
-    return jax.jit(e2e_piece, donate_argnums=(2,))
-
-
-_TIMERS: dict = {}
-
-
-def time_piece(key, fn, params, aux, carry, reps: int):
-    """ms per ``fn`` call: (time of ``reps`` trips - time of 1 trip) / (reps - 1), best of 2; returns
-    (ms, compile s, carry). ``key`` names the jitted timer (same key, same executable for equal shapes:
-    the first call's seconds are compile + run)."""
-    import jax
-
-    if key not in _TIMERS:
-        _TIMERS[key] = piece_timer(fn)
-    run = _TIMERS[key]
-    t0 = time.perf_counter()
-    carry = jax.block_until_ready(run(params, aux, carry, 1))
-    compile_s = time.perf_counter() - t0
-    samples = []
-    for _ in range(2):
-        t0 = time.perf_counter()
-        carry = jax.block_until_ready(run(params, aux, carry, 1))
-        t1 = time.perf_counter()
-        carry = jax.block_until_ready(run(params, aux, carry, reps))
-        t2 = time.perf_counter()
-        samples.append(((t2 - t1) - (t1 - t0)) / (reps - 1) * 1e3)
-    return max(min(samples), 0.0), compile_s, carry
-
-
-def breakdown(eng, state, reps: int) -> dict:
-    """Time the round's pieces as separate jitted calls on the shapes of ``state`` (module docstring);
-    ``state`` is consumed (its caches are donated)."""
-    import jax
-    import jax.numpy as jnp
-
-    from jaxspec import round as rnd
-    from jaxspec.engine.step import append_tokens
-
-    models, opts, spec = _models_fn(eng), eng.opts, eng.opts.spec
-    kw = dict(implementation=opts.implementation, interpret=opts.interpret)
-    b = state.seq_lens.shape[0]
-    params = eng.params
-    g = opts.page_size
-
-    def root(st):
-        return rnd.root_metadata(st.seq_lens, st.target_cache.req_to_token, page_size=g, **kw)
-
-    def e2e_prep(params, state):
-        target, drafter = models(params)
-        draft, _ = drafter.propose(spec, state.draft, state.bonus, root(state))
-        r2t = state.target_cache.req_to_token
-        plan = rnd.plan_verify(spec, state.bonus, draft, state.seq_lens, r2t, page_size=g, **kw)
-        n, v, f = spec.num_draft_tokens, target.vocab_size, target.feature_size
-        logits = jax.random.normal(jax.random.key(0), (b, n, v), jnp.float32)
-        hidden = jax.random.normal(jax.random.key(1), (b, n, f), jnp.float32)
-        out = rnd.commit(spec, plan, state.target_cache, logits=logits, hidden=hidden, **kw)
-        window = (out.window_tokens, out.window_hidden, out.draft_meta, out.accept_lens)
-        return dict(draft=draft, plan=plan, logits=logits, hidden=hidden, window=window)
-
-    t0 = time.perf_counter()
-    if ("prep", id(eng)) not in _TIMERS:
-        _TIMERS[("prep", id(eng))] = jax.jit(e2e_prep)
-    aux = jax.block_until_ready(_TIMERS[("prep", id(eng))](params, state))
-    prep_s = time.perf_counter() - t0
-    # the state's small fields (no caches) for the pieces that read them
-    aux["state"] = dataclasses.replace(state, target_cache=dataclasses.replace(
-        state.target_cache, k=jnp.zeros((0,), state.target_cache.k.dtype), v=jnp.zeros((0,), state.target_cache.v.dtype)),
-        draft=None)
-
-    def draft_piece(params, aux, c):
-        dstate, acc = c
-        _, drafter = models(params)
-        st = aux["state"]
-        d, dstate = drafter.propose(spec, dstate, st.bonus, root(st))
-        tokens = d if spec.topk == 1 else d.draft_tokens
-        dstate = drafter.extend_after_verify(spec, dstate, *aux["window"])
-        return dstate, acc + jnp.sum(tokens)
-
-    def verify_piece(params, aux, c):
-        cache, acc = c
-        target, _ = models(params)
-        plan = aux["plan"]
-        logits, hid, cache = target.forward(plan.tokens, plan.meta, cache)
-        return cache, acc + jnp.sum(jnp.argmax(logits, axis=-1)) + jnp.sum(hid[..., 0]).astype(jnp.int32)
-
-    def book_piece(params, aux, c):
-        cache, acc = c
-        st = aux["state"]
-        p = rnd.plan_verify(spec, st.bonus, aux["draft"], st.seq_lens, cache.req_to_token, page_size=g, **kw)
-        out = rnd.commit(spec, p, cache, logits=aux["logits"], hidden=aux["hidden"], active=~st.done, **kw)
-        toks, num, _ = append_tokens(st, out.accepted, out.accept_lens)
-        return out.cache, acc + jnp.sum(num) + jnp.sum(toks[:, 0]) + jnp.sum(out.window_tokens)
-
-    def zero():  # a fresh scalar per carry (carries are donated)
-        return jnp.zeros((), jnp.int32)
-
-    res = dict(prep_compile_s=prep_s)
-    ms, cs, _ = time_piece(("draft", id(eng)), draft_piece, params, aux, (state.draft, zero()), reps)
-    res.update(draft_ms=ms, draft_compile_s=cs)
-    ms, cs, (cache, _) = time_piece(("verify", id(eng)), verify_piece, params, aux, (state.target_cache, zero()), reps)
-    res.update(verify_ms=ms, verify_compile_s=cs)
-    ms, cs, _ = time_piece(("book", id(eng)), book_piece, params, aux, (cache, zero()), reps)
-    res.update(bookkeeping_ms=ms, bookkeeping_compile_s=cs)
-    return res
-
-
-def plain_forward_ms(eng, state, reps: int) -> tuple[float, float]:
-    """ms of one plain decode forward (Q = 1) as a separate jitted call; returns (ms, compile s)."""
-    import jax.numpy as jnp
-
-    from jaxspec import round as rnd
-
-    models, opts = _models_fn(eng), eng.opts
-    kw = dict(implementation=opts.implementation, interpret=opts.interpret)
-
-    def fwd(params, aux, c):
-        cache, acc = c
-        target, _ = models(params)
-        meta = rnd.decode_metadata(aux["seq_lens"], cache.req_to_token, page_size=opts.page_size, **kw)
-        logits, _, cache = target.forward(aux["bonus"][:, None], meta, cache)
-        return cache, acc + jnp.sum(jnp.argmax(logits, axis=-1))
-
-    aux = dict(seq_lens=state.seq_lens, bonus=state.bonus)
-    ms, cs, _ = time_piece(("fwd", id(eng)), fwd, eng.params, aux, (state.target_cache, jnp.int32(0)), reps)
-    return ms, cs
-
-
-def ab_old_linear(eng, batch, context, args) -> float:
-    """ms of the plain forward with ``Linear`` as before ``decoder._dot16`` (einsum, precision HIGHEST)."""
-    import jax.numpy as jnp
-
-    from jaxspec.models import decoder
-
-    def old(self, x):
-        w = self.kernel[...]
-        y = jnp.einsum("...d,df->...f", x.astype(w.dtype), w, precision=decoder.PREC,
-                       preferred_element_type=jnp.float32)
-        return y if self.bias is None else y + decoder._bcast(self.bias[...].astype(jnp.float32), y.ndim)
-
-    new = decoder.Linear.__call__
-    decoder.Linear.__call__ = old
-    try:
-        _TIMERS.pop(("fwd", id(eng)), None)
-        ms, _ = plain_forward_ms(eng, prefilled(eng, batch, context, args.max_new), args.reps)
-    finally:
-        decoder.Linear.__call__ = new
-        _TIMERS.pop(("fwd", id(eng)), None)
-    return ms
-
-
-# ---------------------------------------------------------------------------------------------- profile
-def cupti_kernels(call, sync, iterations: int) -> dict | None:
-    """Kernel name -> us per call (CUPTI through jax's Mosaic GPU extension), or None when unavailable."""
-    try:
-        from jax._src.lib import mosaic_gpu as mgpu  # noqa: PLC0415 - GPU-only, optional
-        ext = mgpu._mosaic_gpu_ext
-        sync()
-        ext._cupti_init()
-        try:
-            call()
-            sync()
-        finally:
-            timings = ext._cupti_get_timings(True)
-    except Exception as e:  # noqa: BLE001
-        print(f"  (CUPTI unavailable: {e})", file=sys.stderr)
-        return None
-    out: dict = {}
-    for name, t in timings or []:
-        out[name] = out.get(name, 0.0) + t * 1e3 / iterations
-    return out
-
-
-def kernel_groups(per_kernel: dict) -> dict:
-    """Sum the per-kernel us into coarse groups by name."""
-    groups: dict = {}
-    for name, us in per_kernel.items():
-        n = name.lower()
-        g = ("attention" if ("attention" in n or "mosaic" in n or "prefix" in n) else
-             "gemm/gemv" if any(t in n for t in ("gemm", "gemv", "cublas", "cutlass", "dot", "matmul", "xmma", "sm90")) else
-             "scatter" if "scatter" in n else "copy" if "copy" in n else "reduce" if "reduce" in n else
-             "fusion" if ("fusion" in n or "loop_" in n or "input_" in n) else "other")
-        groups[g] = groups.get(g, 0.0) + us
-    return groups
-
-
-def profile_plain(eng, state, reps: int) -> dict:
-    """Per-kernel device time of the plain decode forward (Q = 1), CUPTI, ``reps`` forwards."""
-    import jax
-    import jax.numpy as jnp
-
-    run = _TIMERS[("fwd", id(eng))]
-    carry = [(state.target_cache, jnp.int32(0))]
-    aux = dict(seq_lens=state.seq_lens, bonus=state.bonus)
-
-    def call():
-        carry[0] = run(eng.params, aux, carry[0], reps)
-
-    call()
-    jax.block_until_ready(carry[0])
-    per = cupti_kernels(call, lambda: jax.block_until_ready(carry[0]), reps)
-    if per is None:
-        return {}
-    top = sorted(per.items(), key=lambda kv: -kv[1])
-    return dict(total_us=sum(per.values()), kernels=len(per), groups=kernel_groups(per),
-                top=[(k[:90], round(v, 2)) for k, v in top[:30]])
-
-
-# ---------------------------------------------------------------------------------------------- real pair
-def pair_accept_histogram(spec, batch: int = 8, max_new: int = 64) -> dict:
-    """Accept-length histogram of the shipped tiny pair (greedy, ``Engine.run_step`` round by round; a head
-    with ``num_draft_steps = max(3, S)``: steps past its 3 trained layers reuse layer 3's weights)."""
-    import numpy as np
-
-    from jaxspec.corpus import make_prompts
-    from jaxspec.engine import Engine
-    from jaxspec.models import DEFAULT_WEIGHTS, MockVocab, MTPDrafter, load_model
-
-    import jax.numpy as jnp
-
-    model = load_model(DEFAULT_WEIGHTS, mtp=True, kv_dtype=jnp.float32, num_draft_steps=max(3, spec.num_steps))
-    vocab = MockVocab(vocab_size=model.vocab_size)
-    prompts = [vocab.encode(t) for t in make_prompts(batch)]
-    width = max(len(p) for p in prompts) + max_new + spec.num_draft_tokens
-    eng = Engine(model, MTPDrafter(model), spec=spec, max_context=-(-width // 16) * 16, page_size=16, max_batch=batch)
-    state = eng.run_prefill(*eng.prepare(prompts, max_new))
-    hist = np.zeros(spec.num_steps + 2, np.int64)
-    while not bool(np.asarray(state.done).all()):
-        before, active = np.asarray(state.num_accepted), ~np.asarray(state.done)
-        state = eng.run_step(state)
-        np.add.at(hist, (np.asarray(state.num_accepted) - before)[active], 1)
-    probs = hist[1:] / max(1, hist.sum())
-    return dict(histogram=hist[1:].tolist(), probs=probs.tolist(),
-                mean=float((np.arange(1, spec.num_steps + 2) * probs).sum()))
-
-
 # ---------------------------------------------------------------------------------------------- grid
 def _specs():
     from jaxspec.config import SpecConfig
 
     return {"plain": None, "chain": SpecConfig(3, 1, 4), "tree": SpecConfig(5, 4, 8)}
-
-
-def _engine_sim():
-    """``(SimulatedAccept, True)`` when the engine has the ``simulate_accept`` option, else ``(None, False)``."""
-    import inspect
-
-    from jaxspec import engine
-
-    if "simulate_accept" in inspect.signature(engine.Engine.__init__).parameters and hasattr(engine, "SimulatedAccept"):
-        return engine.SimulatedAccept, True
-    return None, False
 
 
 def _sims(spec, pair: dict | None):
@@ -426,7 +123,7 @@ def _sims(spec, pair: dict | None):
     return out
 
 
-def run_loop(eng, loop, batch, context, max_new, repeats):
+def run_loop(eng, batch, context, max_new, repeats):
     """Time the decode loop from prefilled states; returns dict(ms_round, tok_s, rounds, tokens, accept, compile_s)."""
     import jax
     import numpy as np
@@ -435,7 +132,7 @@ def run_loop(eng, loop, batch, context, max_new, repeats):
         state = prefilled(eng, batch, context, max_new)
         g0, r0, a0 = (np.asarray(x) for x in (state.num_generated, state.num_rounds, state.num_accepted))
         t0 = time.perf_counter()
-        state = jax.block_until_ready(loop(eng.params, state) if loop is not None else eng.run_decode(state))
+        state = jax.block_until_ready(eng.run_decode(state))
         dt = time.perf_counter() - t0
         g, r, a = (np.asarray(x) for x in (state.num_generated, state.num_rounds, state.num_accepted))
         del state
@@ -465,11 +162,10 @@ def bench_model(name, cfg, args, gbps, pairs, rows, dtype, kv_dtype):
 
     import jax
 
-    from jaxspec.engine import Engine
+    from jaxspec.engine import Engine, SimulatedAccept
     from jaxspec.models import MTPDrafter
 
     specs = _specs()
-    sim_cls, engine_sim = _engine_sim()
     steps = max(s.num_steps for s in specs.values() if s is not None)
     t0 = time.perf_counter()
     model = make_model(cfg, steps, dtype, kv_dtype)
@@ -487,22 +183,17 @@ def bench_model(name, cfg, args, gbps, pairs, rows, dtype, kv_dtype):
             drafter = None if spec is None else MTPDrafter(model)
             settings = [("-", 1.0, None)] if spec is None else _sims(spec, pairs.get(cname))
             kw = dict(spec=spec, max_context=width, page_size=args.page_size, max_batch=batch)
-            eng = Engine(model, drafter, **kw)
-            use_engine = hasattr(eng, "run_decode")
-            loop = None if use_engine else decode_loop(eng)
+            eng = Engine(model, drafter, **kw)  # plain rows, and the breakdown's shapes
             for context in contexts:
                 t0 = time.perf_counter()
-                if spec is None or not engine_sim:
-                    m = run_loop(eng, loop, batch, context, args.max_new, args.repeats)
-                    measured = {lab: m for lab, _, _ in settings}
-                else:  # the engine simulates acceptance: one loop per setting (values in the state)
+                if spec is None:
+                    measured = {"-": run_loop(eng, batch, context, args.max_new, args.repeats)}
+                else:  # one engine per simulated setting; the setting is a value of the state: one compile
                     measured = {}
                     for lab, mean, probs in settings:
-                        sim = sim_cls(probs=probs) if probs is not None else sim_cls(mean=mean)
+                        sim = SimulatedAccept(probs=probs) if probs is not None else SimulatedAccept(mean=mean)
                         e2 = Engine(model, drafter, simulate_accept=sim, **kw)
-                        measured[lab] = run_loop(e2, None if hasattr(e2, "run_decode") else decode_loop(e2),
-                                                 batch, context, args.max_new, args.repeats)
-                if engine_sim:  # one executable serves every setting: the first run of the row compiled it
+                        measured[lab] = run_loop(e2, batch, context, args.max_new, args.repeats)
                     first_compile = max(m["compile_s"] for m in measured.values())
                     for m in measured.values():
                         m["compile_s"] = first_compile
@@ -527,24 +218,21 @@ def bench_model(name, cfg, args, gbps, pairs, rows, dtype, kv_dtype):
                     if spec is None:
                         tok_s, acc, sim = m["tok_s"], 1.0, "-"
                         plain_ms[(batch, context)] = m["ms_round"]
-                    elif engine_sim:
-                        tok_s, acc, sim = m["tok_s"], m["accept"], f"engine {lab}"
                     else:
-                        tok_s, acc, sim = batch * mean / (m["ms_round"] * 1e-3), mean, f"projected {lab}"
+                        tok_s, acc, sim = m["tok_s"], m["accept"], f"engine {lab}"
                     pms = plain_ms.get((batch, context))
                     base = None if pms is None else batch / (pms * 1e-3)
                     row = dict(model=name, config=cname, batch=batch, context=context, sim=sim, accept=acc,
                                tok_s=tok_s, ms_round=m["ms_round"], measured_accept=m["accept"],
                                roofline_ms=roof, x_roof=m["ms_round"] / roof, compile_s=m["compile_s"],
                                speedup=None if base is None else tok_s / base,
-                               efficiency=None if base is None else tok_s / base / acc,
-                               decode_loop="Engine.run_decode" if use_engine else "bench while_loop", **parts)
+                               efficiency=None if base is None else tok_s / base / acc, **parts)
                     rows.append(row)
                     _print_row(row)
                     if args.json:  # after every row: a run cut short still leaves its rows
                         _write_json(args, rows, gbps, pairs)
                 print(f"    ({time.perf_counter() - t0:.1f} s)", flush=True)
-            del eng, loop
+            del eng
             gc.collect()
     del model
     gc.collect()
@@ -611,9 +299,8 @@ def main(argv=None) -> int:
     kv_dtype = jnp.float32 if args.device == "cpu" else jnp.bfloat16
     dev = str(jax.devices()[0])
     gbps, _ = copy_ceiling_gbps(2**30 if args.device == "gpu" else 2**24)
-    print(f"device {dev}; copy bandwidth {gbps:.0f} GB/s (read + write); engine simulate_accept: "
-          f"{_engine_sim()[1]}; decode loop: {'Engine.run_decode' if hasattr(__import__('jaxspec.engine', fromlist=['Engine']).Engine, 'run_decode') else 'bench while_loop'}",
-          flush=True)
+    print(f"device {dev}; copy bandwidth {gbps:.0f} GB/s (read + write); decode loop: Engine.run_decode; "
+          "speculative rows: Engine(simulate_accept=...)", flush=True)
     pairs = {}
     if not args.probe:
         for cname, spec in _specs().items():
@@ -659,7 +346,7 @@ def _write_json(args, rows, gbps, pairs):
 
     with open(args.json, "w") as f:
         json.dump(dict(device=str(jax.devices()[0]), copy_gbps=gbps, pairs=pairs,
-                       engine_simulate_accept=_engine_sim()[1], max_new=args.max_new, page_size=args.page_size,
+                       max_new=args.max_new, page_size=args.page_size,
                        argv=sys.argv[1:], rows=rows), f, indent=1, default=str)
 
 
