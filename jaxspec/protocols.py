@@ -172,11 +172,14 @@ class MTPHead(Protocol):
         ...
 
     def mtp_forward(
-        self, step: int, h_prev: jax.Array, tokens: jax.Array, meta: AttentionMetadata, cache: PagedKVCache
+        self, step: int, h_prev: jax.Array, tokens: jax.Array, meta: AttentionMetadata, cache: PagedKVCache,
+        rows: jax.Array | None = None,
     ) -> tuple[jax.Array, jax.Array, PagedKVCache]:
         """Draft step ``step`` (static, ``< num_draft_steps``). ``h_prev [B, Q, F]``, ``tokens i32[B, Q]`` (the
         next tokens) -> ``(logits f32[B, Q, V], hidden [B, Q, F], cache)``; K/V to layer ``step`` at
-        ``meta.write_locs``."""
+        ``meta.write_locs``. ``rows``: ``None``, or ``i32[R]`` indices into the ``B * Q`` flattened rows: the
+        logits are then ``f32[R, V]`` of those rows only (a draft extend reads one row per request, and the LM
+        head is a draft step's largest weight read and, at large ``B * Q``, its largest matmul)."""
         ...
 
 

@@ -103,8 +103,8 @@ class KernelAttention(nnx.Module):
     def forward(self, tokens, meta, cache):
         return self.model.forward(tokens, self._meta(meta), cache)
 
-    def mtp_forward(self, step, h_prev, tokens, meta, cache):
-        return self.model.mtp_forward(step, h_prev, tokens, self._meta(meta), cache)
+    def mtp_forward(self, step, h_prev, tokens, meta, cache, rows=None):
+        return self.model.mtp_forward(step, h_prev, tokens, self._meta(meta), cache, rows=rows)
 
 
 @pytest.mark.slow  # the Pallas kernel interpreted inside the whole decode loop (~1-2 min on a shared CPU)

@@ -66,6 +66,25 @@ def test_reused_layer_equals_explicit_copies():
     assert jnp.any(ca.k[1] != ca.k[2])
 
 
+def test_logits_of_selected_rows():
+    """``rows``: the logits of the chosen flattened rows only, equal to those rows of the full logits."""
+    m = MTPModel(CFG, rngs=nnx.Rngs(4), kv_dtype=jnp.float32, num_draft_steps=2)
+    b, q = 2, 5
+    meta = AttentionMetadata(
+        positions=jnp.broadcast_to(jnp.arange(q, dtype=jnp.int32)[None], (b, q)), qmask=causal_qmask(b, q),
+        prefix_lens=jnp.zeros((b,), jnp.int32), page_table=jnp.zeros((b, 0), jnp.int32))
+    tok = jax.random.randint(jax.random.key(2), (b, q), 0, CFG.vocab_size, jnp.int32)
+    _, h, _ = m.forward(tok, meta, None)
+    full, hf, _ = m.mtp_forward(1, h, tok, meta, None)
+    rows = jnp.array([4, 7], jnp.int32)
+    part, hp, _ = m.mtp_forward(1, h, tok, meta, None, rows=rows)
+    assert part.shape == (2, CFG.vocab_size)
+    np.testing.assert_allclose(part, full.reshape(b * q, -1)[np.asarray(rows)], rtol=1e-6, atol=1e-6)
+    np.testing.assert_array_equal(hp, hf)
+    with pytest.raises(ValueError, match="rows"):
+        m.mtp_forward(1, h, tok, meta, None, rows=rows[None])
+
+
 def test_two_weight_layers_reuse_the_last():
     m = MTPModel(CFG, rngs=nnx.Rngs(0), kv_dtype=jnp.float32, num_mtp_layers=2, num_draft_steps=5)
     assert [m.mtp_layer_of_step(s) for s in range(5)] == [0, 1, 1, 1, 1]

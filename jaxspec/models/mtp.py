@@ -77,14 +77,21 @@ class MTPModel(Decoder):
         c = self.cfg
         return 2 * self.num_draft_steps * c.num_key_value_heads * c.head_dim * self.kv_dtype.itemsize
 
-    def mtp_forward(self, step: int, h_prev, tokens, meta: AttentionMetadata, cache: PagedKVCache | None):
+    def mtp_forward(self, step: int, h_prev, tokens, meta: AttentionMetadata, cache: PagedKVCache | None,
+                    rows=None):
         """Draft step ``step`` (static): ``h_prev [B, Q, D]`` (pre-norm), ``tokens i32[B, Q]`` (the next tokens)
         -> ``(logits f32[B, Q, V], hidden f32[B, Q, D], cache)``. Runs MTP weight layer
-        ``mtp_layer_of_step(step)``; K/V go to layer ``step`` of ``cache``."""
+        ``mtp_layer_of_step(step)``; K/V go to layer ``step`` of ``cache``. ``rows`` (``i32[R]`` indices into
+        the ``B * Q`` flattened rows): logits ``f32[R, V]`` of those rows only."""
         if not 0 <= step < self.num_draft_steps:
             raise ValueError(f"step: expected a draft step in [0, {self.num_draft_steps}), got {step}")
         x, cache = self.mtp_layers[self.mtp_layer_of_step(step)](h_prev, self.embed(tokens), meta, cache, step)
-        return self.logits(x), x, cache
+        if rows is None:
+            return self.logits(x), x, cache
+        if rows.ndim != 1:
+            raise ValueError(f"rows: expected i32[R] indices into the B * Q = {x.shape[0] * x.shape[1]} rows, "
+                             f"got shape {rows.shape}")
+        return self.logits(x.reshape(-1, x.shape[-1])[rows]), x, cache
 
 
 def add_mtp_layers(target: Decoder, num_mtp_layers: int, *, rngs: nnx.Rngs,

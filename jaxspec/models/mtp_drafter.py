@@ -132,8 +132,8 @@ class MTPDrafter:
         chain_p, chain_i, chain_q = [], [], []
         first = None
         for s in range(spec.num_steps):
-            logits, h, cache = self.head.mtp_forward(s, h, flat.reshape(b, q), meta, cache)
-            sel = logits.reshape(b * q, -1)[select]
+            # logits of the selected rows only: the LM head over all B*Q window rows would be discarded
+            sel, h, cache = self.head.mtp_forward(s, h, flat.reshape(b, q), meta, cache, rows=select)
             p, idx = _topk(sel, spec.topk)
             if self.sample_drafts:
                 if sampling is None:  # greedy batch: the argmax chain, recorded as one-hot distributions
