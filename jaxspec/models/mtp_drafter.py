@@ -96,8 +96,8 @@ class MTPDrafter:
         if spec.num_steps > self.head.num_draft_steps:
             raise ValueError(
                 f"spec.num_steps={spec.num_steps} needs that many draft steps; the head runs at most "
-                f"{self.head.num_draft_steps} (num_draft_steps; e.g. MTPModel(..., num_draft_steps={spec.num_steps}) "
-                "reuses its last MTP layer's weights for the extra steps)"
+                f"{self.head.num_draft_steps} (num_draft_steps). An MTPModel with fewer MTP layers than steps reuses "
+                f"its last layer's weights: MTPModel(..., num_draft_steps={spec.num_steps})"
             )
         shape = jax.eval_shape(lambda: self.head.make_draft_cache(np.zeros((1, 1), np.int32), 1))
         return int(shape.k.size * shape.k.dtype.itemsize + shape.v.size * shape.v.dtype.itemsize)
