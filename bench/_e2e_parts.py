@@ -250,28 +250,31 @@ def profile_plain(eng, state, reps: int) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------- real pair
-def pair_accept_histogram(spec, batch: int = 8, max_new: int = 64) -> dict:
+def pair_accept_histogram(spec, prompts: int = 8, max_new: int = 64) -> dict:
     """Accept-length histogram of the shipped tiny pair (greedy, ``Engine.run_step`` round by round; a head
-    with ``num_draft_steps = max(3, S)``: steps past its 3 trained layers reuse layer 3's weights)."""
+    with ``num_draft_steps = max(3, S)``: steps past its 3 trained layers reuse layer 3's weights). Each of
+    the ``prompts`` corpus prompts runs as its own batch-1 request: one small executable (the tree step's CPU
+    compile grew from about 1 min at batch 1 to over 20 min at batch 8 on a shared 2-core host), and a
+    request's greedy accept lengths do not depend on its batch."""
+    import jax.numpy as jnp
     import numpy as np
 
     from jaxspec.corpus import make_prompts
     from jaxspec.engine import Engine
     from jaxspec.models import DEFAULT_WEIGHTS, MockVocab, MTPDrafter, load_model
 
-    import jax.numpy as jnp
-
     model = load_model(DEFAULT_WEIGHTS, mtp=True, kv_dtype=jnp.float32, num_draft_steps=max(3, spec.num_steps))
     vocab = MockVocab(vocab_size=model.vocab_size)
-    prompts = [vocab.encode(t) for t in make_prompts(batch)]
-    width = max(len(p) for p in prompts) + max_new + spec.num_draft_tokens
-    eng = Engine(model, MTPDrafter(model), spec=spec, max_context=-(-width // 16) * 16, page_size=16, max_batch=batch)
-    state = eng.run_prefill(*eng.prepare(prompts, max_new))
+    texts = [vocab.encode(t) for t in make_prompts(prompts)]
+    width = max(len(p) for p in texts) + max_new + spec.num_draft_tokens
+    eng = Engine(model, MTPDrafter(model), spec=spec, max_context=-(-width // 16) * 16, page_size=16, max_batch=1)
     hist = np.zeros(spec.num_steps + 2, np.int64)
-    while not bool(np.asarray(state.done).all()):
-        before, active = np.asarray(state.num_accepted), ~np.asarray(state.done)
-        state = eng.run_step(state)
-        np.add.at(hist, (np.asarray(state.num_accepted) - before)[active], 1)
+    for p in texts:
+        state = eng.run_prefill(*eng.prepare([p], max_new))
+        while not bool(np.asarray(state.done).all()):
+            before = np.asarray(state.num_accepted)
+            state = eng.run_step(state)
+            hist[int((np.asarray(state.num_accepted) - before)[0])] += 1
     probs = hist[1:] / max(1, hist.sum())
     return dict(histogram=hist[1:].tolist(), probs=probs.tolist(),
                 mean=float((np.arange(1, spec.num_steps + 2) * probs).sum()))

@@ -306,7 +306,7 @@ def main(argv=None) -> int:
         for cname, spec in _specs().items():
             if spec is not None and cname in args.configs.split(","):
                 t0 = time.perf_counter()
-                pairs[cname] = pair_accept_histogram(spec, batch=1 if args.tiny else 8, max_new=8 if args.tiny else 64)
+                pairs[cname] = pair_accept_histogram(spec, prompts=2 if args.tiny else 8, max_new=8 if args.tiny else 64)
                 print(f"tiny pair {cname} {spec}: real accept lengths 1..{spec.num_steps + 1}: "
                       f"{pairs[cname]['histogram']}, mean {pairs[cname]['mean']:.3f} ({time.perf_counter() - t0:.1f} s)",
                       flush=True)
