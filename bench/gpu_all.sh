@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Everything jaxspec measures and checks on the H200, in one call of the device tool:
 #   run(command="bash bench/gpu_all.sh [parts]", carry=[".originals"])
-# parts (default: env tests kernels check step decode; also attention, attention-quick). All of them take
+# parts (default: env tests kernels check step decode; also attention, attention-quick, e2e: end-to-end at
+# 8B / 1B scale, bench/e2e.py --quick, about 9 min: one call on its own). All of them take
 # more than one device call allows (10 min): run them as two calls, e.g. "env tests check step" then
 # "env decode attention".
 # Writes logs/JSON/PNG under $OUT (or ./out). Keeps going after a failing part; exit 1 if any failed.
@@ -40,6 +41,7 @@ for p in $PARTS; do case $p in
   # paged attention, ours (Mosaic GPU) vs SGLang's Triton extend/decode kernels vs jnp (~4.5 min at full
   # size; `attention-quick` for the subset). SGLang's attention files come from .originals (or
   # $JAXSPEC_ATTN_ORIGINALS/sglang-0.5.23/...); a missing original is reported per row, ours still timed.
+  e2e) run e2e 570 $PY bench/e2e.py --quick --json "$OUT/e2e.json" --png "$OUT/e2e.png" ;;
   attention) run attention 330 $PY bench/attention.py --json "$OUT/attention.json" --png "$OUT/attention.png" ;;
   attention-quick) run attention 150 $PY bench/attention.py --quick --triton --json "$OUT/attention.json" --png "$OUT/attention.png" ;;
   *) echo "unknown part $p"; fail=1 ;;

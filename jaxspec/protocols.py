@@ -65,7 +65,8 @@ class AttentionMetadata:
                  engine's ``implementation`` / ``interpret``; ``dataclasses.replace`` keeps them.
 
     Fresh tokens attend to the prefix (positions ``< prefix_lens``) and to the fresh tokens ``qmask``
-    allows; their own K/V is written only after attention, so a forward never reads what it writes.
+    allows; their own K/V goes to ``write_locs``, which lie past the prefix, so attention never reads from the
+    pool what the same forward writes (its fresh keys come as ``k_new`` / ``v_new``).
     """
 
     positions: jax.Array
@@ -156,23 +157,29 @@ class TargetModel(Protocol):
 
 @runtime_checkable
 class MTPHead(Protocol):
-    """Multi-token-prediction layers (DeepSeek-V3 MTP / seed ``mtp_worker_v2.py``), driven by
-    ``jaxspec.models.mtp_drafter.MTPDrafter``. Layer ``s`` consumes the hidden state of the previous
-    position (the target's ``hidden`` for ``s == 0``, MTP layer ``s - 1``'s after) and the *next* token.
+    """Multi-token-prediction draft steps (DeepSeek-V3 MTP / seed ``mtp_worker_v2.py``), driven by
+    ``jaxspec.models.mtp_drafter.MTPDrafter``. Step ``s`` consumes the hidden state of the previous
+    position (the target's ``hidden`` for ``s == 0``, step ``s - 1``'s after) and the *next* token. A head
+    may run more steps than it has weight layers (``jaxspec.models.MTPModel`` reuses its last layer's
+    weights, as SGLang does); each step still has its own KV layer.
     """
 
-    num_mtp_layers: int  # S_max: the drafter can run ``spec.num_steps <= num_mtp_layers`` steps
+    num_draft_steps: int  # S_max: the drafter can run ``spec.num_steps <= num_draft_steps`` steps
 
     def make_draft_cache(self, req_to_token: Any, num_slots: int) -> PagedKVCache:
-        """A zeroed pool of the MTP layers (layer ``s`` of the pool is MTP layer ``s``); slot ids are the
-        target's (one ``req_to_token``)."""
+        """A zeroed pool with one layer per draft step (layer ``s`` of the pool is step ``s``'s KV); slot ids
+        are the target's (one ``req_to_token``)."""
         ...
 
     def mtp_forward(
-        self, step: int, h_prev: jax.Array, tokens: jax.Array, meta: AttentionMetadata, cache: PagedKVCache
+        self, step: int, h_prev: jax.Array, tokens: jax.Array, meta: AttentionMetadata, cache: PagedKVCache,
+        rows: jax.Array | None = None,
     ) -> tuple[jax.Array, jax.Array, PagedKVCache]:
-        """MTP layer ``step`` (static). ``h_prev [B, Q, F]``, ``tokens i32[B, Q]`` (the next tokens) ->
-        ``(logits f32[B, Q, V], hidden [B, Q, F], cache)``; K/V to layer ``step`` at ``meta.write_locs``."""
+        """Draft step ``step`` (static, ``< num_draft_steps``). ``h_prev [B, Q, F]``, ``tokens i32[B, Q]`` (the
+        next tokens) -> ``(logits f32[B, Q, V], hidden [B, Q, F], cache)``; K/V to layer ``step`` at
+        ``meta.write_locs``. ``rows``: ``None``, or ``i32[R]`` indices into the ``B * Q`` flattened rows: the
+        logits are then ``f32[R, V]`` of those rows only (a draft extend reads one row per request, and the LM
+        head is a draft step's largest weight read and, at large ``B * Q``, its largest matmul)."""
         ...
 
 

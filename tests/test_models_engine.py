@@ -86,7 +86,7 @@ class KernelAttention(nnx.Module):
     def __init__(self, model: MTPModel, implementation: str, interpret: bool):
         self.model, self.implementation, self.interpret = model, implementation, interpret
         self.vocab_size, self.feature_size = model.vocab_size, model.feature_size
-        self.num_mtp_layers = model.num_mtp_layers
+        self.num_draft_steps = model.num_draft_steps
 
     def _meta(self, meta):
         return dataclasses.replace(meta, implementation=self.implementation, interpret=self.interpret)
@@ -103,8 +103,8 @@ class KernelAttention(nnx.Module):
     def forward(self, tokens, meta, cache):
         return self.model.forward(tokens, self._meta(meta), cache)
 
-    def mtp_forward(self, step, h_prev, tokens, meta, cache):
-        return self.model.mtp_forward(step, h_prev, tokens, self._meta(meta), cache)
+    def mtp_forward(self, step, h_prev, tokens, meta, cache, rows=None):
+        return self.model.mtp_forward(step, h_prev, tokens, self._meta(meta), cache, rows=rows)
 
 
 @pytest.mark.slow  # the Pallas kernel interpreted inside the whole decode loop (~1-2 min on a shared CPU)

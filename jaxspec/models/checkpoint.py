@@ -106,11 +106,12 @@ def load_weights(model: Decoder, path: str, *, strict: bool = True) -> Decoder:
 
 
 def load_model(path: str, *, param_dtype=jnp.float32, kv_dtype=None, mtp: bool | None = None,
-               aux_layers: tuple[int, ...] | None = None) -> Decoder:
+               aux_layers: tuple[int, ...] | None = None, num_draft_steps: int | None = None) -> Decoder:
     """Load a checkpoint directory as a ``Decoder``, or as an ``MTPModel`` when it has MTP layers.
 
     ``mtp``: ``None`` -> an ``MTPModel`` iff ``config.json`` has ``num_nextn_predict_layers > 0``; ``True``
     requires them; ``False`` loads the target only. ``aux_layers`` (EAGLE-3 features) needs ``mtp`` falsy.
+    ``num_draft_steps``: an ``MTPModel``'s draft steps (default: its MTP layers; more reuse the last layer).
     """
     cfg = read_config(path)
     if mtp is None:
@@ -120,8 +121,11 @@ def load_model(path: str, *, param_dtype=jnp.float32, kv_dtype=None, mtp: bool |
             raise ValueError(f"{path}: mtp=True but config.json has no num_nextn_predict_layers")
         if aux_layers is not None:
             raise ValueError("aux_layers: an MTPModel's hidden is the last pre-norm hidden; pass mtp=False")
-        make = lambda: MTPModel(cfg, rngs=nnx.Rngs(0), param_dtype=param_dtype, kv_dtype=kv_dtype)  # noqa: E731
+        make = lambda: MTPModel(cfg, rngs=nnx.Rngs(0), param_dtype=param_dtype, kv_dtype=kv_dtype,  # noqa: E731
+                                num_draft_steps=num_draft_steps)
     else:
+        if num_draft_steps is not None:
+            raise ValueError("num_draft_steps: applies to an MTPModel only (a checkpoint with MTP layers, mtp not False)")
         make = lambda: Decoder(cfg, rngs=nnx.Rngs(0), param_dtype=param_dtype, kv_dtype=kv_dtype,  # noqa: E731
                                aux_layers=aux_layers)
     # Shapes only (no random initialisation): every parameter is then set from the checkpoint.

@@ -1,10 +1,11 @@
 """``MTPDrafter``: the ``Drafter`` that drives a model's multi-token-prediction layers (seed ``mtp_worker_v2.py``).
 
-Works with any ``jaxspec.protocols.MTPHead`` (``mtp_forward``, ``num_mtp_layers``, ``make_draft_cache``).
-MTP layers are chained as in DeepSeek-V3 (layer ``s`` consumes layer ``s-1``'s hidden state; the seed's
-``chain_mtp_hidden_states``).
+Works with any ``jaxspec.protocols.MTPHead`` (``mtp_forward``, ``num_draft_steps``, ``make_draft_cache``).
+Draft steps are chained as in DeepSeek-V3 (step ``s`` consumes step ``s-1``'s hidden state; the seed's
+``chain_mtp_hidden_states``); each step is one ``mtp_forward`` of the head (its own MTP layer, or a reused
+one when the head has fewer weight layers than steps) with its own draft KV layer.
 
-Draft extend (after prefill and after every verify): MTP layers ``0..S-1`` run over the window (the
+Draft extend (after prefill and after every verify): draft steps ``0..S-1`` run over the window (the
 prompt, or the N-row verify window with the accepted path compacted to the front), each feeding the next
 its hidden state; after layer ``s`` the input ids are rotated left by one with that layer's prediction
 written at ``select`` = the last real row (``rotate_input_ids``). This is the seed's eager path (fixed
@@ -18,11 +19,11 @@ Proposal: chain (``K == 1``) = the S per-layer argmax tokens of the last extend.
 ``verify="draft_probs"`` mode) layer ``s`` instead SAMPLES its token from ``ops.accept.sampling_probs`` of its
 logits (the request's temperature / top-k / top-p, coin ``sampling.coins[:, s]``), feeds it to layer ``s + 1``
 and records that distribution; ``propose`` then returns a ``round.ChainDraft`` (tokens + probabilities). Tree (``K > 1``) = S-1
-beam forwards: MTP layer ``i`` on the ``B*K`` beams of step ``i`` (``select_top_k_tokens``), beams at the
+beam forwards: draft step ``i`` on the ``B*K`` beams of step ``i`` (``select_top_k_tokens``), beams at the
 row of the last committed target hidden (position ``seq_lens - 1``), attending to that layer's committed
 KV (positions ``< seq_lens - 1``) plus themselves, writing no KV; then ``organize_draft_results``. The S-1
-beam forwards are traced in a Python loop (each step is a different MTP layer, so they cannot share one
-``scan`` body).
+beam forwards are traced in a Python loop (each step may be a different MTP layer and reads its own KV
+layer).
 """
 
 import dataclasses
@@ -92,9 +93,11 @@ class MTPDrafter:
 
     # ---------------------------------------------------------------- host side
     def kv_bytes_per_slot(self, spec) -> int:
-        if spec.num_steps > self.head.num_mtp_layers:
+        if spec.num_steps > self.head.num_draft_steps:
             raise ValueError(
-                f"spec.num_steps={spec.num_steps} needs that many MTP layers; the head has {self.head.num_mtp_layers}"
+                f"spec.num_steps={spec.num_steps} needs that many draft steps; the head runs at most "
+                f"{self.head.num_draft_steps} (num_draft_steps). An MTPModel with fewer MTP layers than steps reuses "
+                f"its last layer's weights: MTPModel(..., num_draft_steps={spec.num_steps})"
             )
         shape = jax.eval_shape(lambda: self.head.make_draft_cache(np.zeros((1, 1), np.int32), 1))
         return int(shape.k.size * shape.k.dtype.itemsize + shape.v.size * shape.v.dtype.itemsize)
@@ -121,7 +124,7 @@ class MTPDrafter:
 
     # ---------------------------------------------------------------- jitted
     def _extend(self, spec, cache, ids, h, meta, starts, lens, select, sampling=None) -> MTPDraftState:
-        """MTP layers 0..S-1 over ``ids/h (B, Q)`` with the seed's rotations; returns the new state."""
+        """Draft steps 0..S-1 over ``ids/h (B, Q)`` with the seed's rotations; returns the new state."""
         if sampling is not None and not self.sample_drafts:
             raise ValueError("sampling: this MTPDrafter was built with sample_drafts=False")
         b, q = ids.shape
@@ -129,8 +132,8 @@ class MTPDrafter:
         chain_p, chain_i, chain_q = [], [], []
         first = None
         for s in range(spec.num_steps):
-            logits, h, cache = self.head.mtp_forward(s, h, flat.reshape(b, q), meta, cache)
-            sel = logits.reshape(b * q, -1)[select]
+            # logits of the selected rows only: the LM head over all B*Q window rows would be discarded
+            sel, h, cache = self.head.mtp_forward(s, h, flat.reshape(b, q), meta, cache, rows=select)
             p, idx = _topk(sel, spec.topk)
             if self.sample_drafts:
                 if sampling is None:  # greedy batch: the argmax chain, recorded as one-hot distributions

@@ -1,0 +1,280 @@
+"""Measurement pieces of ``bench/e2e.py``: prefilled states at a given context, the round's pieces timed as
+separate jitted calls in a device loop, the plain forward's per-kernel CUPTI profile, and the shipped tiny
+pair's accept-length histogram. No CLI (``python bench/e2e.py --help``)."""
+
+import dataclasses
+import sys
+import time
+
+PROMPT = 8  # prompt tokens per request (prefill), before seq_lens is moved to the context
+
+
+# ---------------------------------------------------------------------------------------------- loops
+def _models_fn(eng):
+    import jax
+    from flax import nnx
+
+    graphdef, treedef = eng.graphdef, eng._treedef
+
+    def models(params):
+        return nnx.merge(graphdef, jax.tree.unflatten(treedef, params))
+
+    return models
+
+
+def prefilled(eng, batch: int, context: int, max_new: int):
+    """Prefill ``PROMPT`` tokens per request, then move ``seq_lens`` to ``context``."""
+    import jax
+    import numpy as np
+
+    rng = np.random.default_rng(batch)
+    prompts = [rng.integers(0, eng.vocab_size, PROMPT).astype(np.int32) for _ in range(batch)]
+    state = eng.run_prefill(*eng.prepare(prompts, max_new))
+    shift = context - PROMPT
+    return jax.block_until_ready(dataclasses.replace(state, seq_lens=state.seq_lens + shift))
+
+
+def piece_timer(fn):
+    """A jitted ``(params, aux, carry, n) -> carry`` running ``fn(params, aux, carry)`` n times in a device loop
+    (one compile for any n; ``carry`` donated; big inputs travel in ``aux``, never as closed-over constants)."""
+    import jax
+
+    def e2e_piece(params, aux, carry, n):
+        return jax.lax.fori_loop(0, n, lambda i, c: fn(params, aux, c), carry)
+
+    return jax.jit(e2e_piece, donate_argnums=(2,))
+
+
+_TIMERS: dict = {}
+
+
+def time_piece(key, fn, params, aux, carry, reps: int):
+    """ms per ``fn`` call: (time of ``reps`` trips - time of 1 trip) / (reps - 1), best of 2; returns
+    (ms, compile s, carry). ``key`` names the jitted timer (same key, same executable for equal shapes:
+    the first call's seconds are compile + run)."""
+    import jax
+
+    if key not in _TIMERS:
+        _TIMERS[key] = piece_timer(fn)
+    run = _TIMERS[key]
+    t0 = time.perf_counter()
+    carry = jax.block_until_ready(run(params, aux, carry, 1))
+    compile_s = time.perf_counter() - t0
+    samples = []
+    for _ in range(2):
+        t0 = time.perf_counter()
+        carry = jax.block_until_ready(run(params, aux, carry, 1))
+        t1 = time.perf_counter()
+        carry = jax.block_until_ready(run(params, aux, carry, reps))
+        t2 = time.perf_counter()
+        samples.append(((t2 - t1) - (t1 - t0)) / (reps - 1) * 1e3)
+    return max(min(samples), 0.0), compile_s, carry
+
+
+def breakdown(eng, state, reps: int) -> dict:
+    """Time the round's pieces as separate jitted calls on the shapes of ``state`` (module docstring);
+    ``state`` is consumed (its caches are donated)."""
+    import jax
+    import jax.numpy as jnp
+
+    from jaxspec import round as rnd
+    from jaxspec.engine.step import append_tokens
+
+    models, opts, spec = _models_fn(eng), eng.opts, eng.opts.spec
+    kw = dict(implementation=opts.implementation, interpret=opts.interpret)
+    b = state.seq_lens.shape[0]
+    params = eng.params
+    g = opts.page_size
+
+    def root(st):
+        return rnd.root_metadata(st.seq_lens, st.target_cache.req_to_token, page_size=g, **kw)
+
+    def e2e_prep(params, state):
+        target, drafter = models(params)
+        draft, _ = drafter.propose(spec, state.draft, state.bonus, root(state))
+        r2t = state.target_cache.req_to_token
+        plan = rnd.plan_verify(spec, state.bonus, draft, state.seq_lens, r2t, page_size=g, **kw)
+        n, v, f = spec.num_draft_tokens, target.vocab_size, target.feature_size
+        logits = jax.random.normal(jax.random.key(0), (b, n, v), jnp.float32)
+        hidden = jax.random.normal(jax.random.key(1), (b, n, f), jnp.float32)
+        out = rnd.commit(spec, plan, state.target_cache, logits=logits, hidden=hidden, **kw)
+        window = (out.window_tokens, out.window_hidden, out.draft_meta, out.accept_lens)
+        return dict(draft=draft, plan=plan, logits=logits, hidden=hidden, window=window)
+
+    t0 = time.perf_counter()
+    if ("prep", id(eng)) not in _TIMERS:
+        _TIMERS[("prep", id(eng))] = jax.jit(e2e_prep)
+    aux = jax.block_until_ready(_TIMERS[("prep", id(eng))](params, state))
+    prep_s = time.perf_counter() - t0
+    # the state's small fields (no caches) for the pieces that read them
+    aux["state"] = dataclasses.replace(state, target_cache=dataclasses.replace(
+        state.target_cache, k=jnp.zeros((0,), state.target_cache.k.dtype), v=jnp.zeros((0,), state.target_cache.v.dtype)),
+        draft=None)
+
+    def draft_piece(params, aux, c):
+        dstate, acc = c
+        _, drafter = models(params)
+        st = aux["state"]
+        d, dstate = drafter.propose(spec, dstate, st.bonus, root(st))
+        tokens = d if spec.topk == 1 else d.draft_tokens
+        dstate = drafter.extend_after_verify(spec, dstate, *aux["window"])
+        return dstate, acc + jnp.sum(tokens)
+
+    def verify_piece(params, aux, c):
+        cache, acc = c
+        target, _ = models(params)
+        plan = aux["plan"]
+        logits, hid, cache = target.forward(plan.tokens, plan.meta, cache)
+        return cache, acc + jnp.sum(jnp.argmax(logits, axis=-1)) + jnp.sum(hid[..., 0]).astype(jnp.int32)
+
+    def book_piece(params, aux, c):
+        cache, acc = c
+        st = aux["state"]
+        p = rnd.plan_verify(spec, st.bonus, aux["draft"], st.seq_lens, cache.req_to_token, page_size=g, **kw)
+        out = rnd.commit(spec, p, cache, logits=aux["logits"], hidden=aux["hidden"], active=~st.done, **kw)
+        toks, num, _ = append_tokens(st, out.accepted, out.accept_lens)
+        return out.cache, acc + jnp.sum(num) + jnp.sum(toks[:, 0]) + jnp.sum(out.window_tokens)
+
+    def zero():  # a fresh scalar per carry (carries are donated)
+        return jnp.zeros((), jnp.int32)
+
+    res = dict(prep_compile_s=prep_s)
+    ms, cs, _ = time_piece(("draft", id(eng)), draft_piece, params, aux, (state.draft, zero()), reps)
+    res.update(draft_ms=ms, draft_compile_s=cs)
+    ms, cs, (cache, _) = time_piece(("verify", id(eng)), verify_piece, params, aux, (state.target_cache, zero()), reps)
+    res.update(verify_ms=ms, verify_compile_s=cs)
+    ms, cs, _ = time_piece(("book", id(eng)), book_piece, params, aux, (cache, zero()), reps)
+    res.update(bookkeeping_ms=ms, bookkeeping_compile_s=cs)
+    return res
+
+
+def plain_forward_ms(eng, state, reps: int) -> tuple[float, float]:
+    """ms of one plain decode forward (Q = 1) as a separate jitted call; returns (ms, compile s)."""
+    import jax.numpy as jnp
+
+    from jaxspec import round as rnd
+
+    models, opts = _models_fn(eng), eng.opts
+    kw = dict(implementation=opts.implementation, interpret=opts.interpret)
+
+    def fwd(params, aux, c):
+        cache, acc = c
+        target, _ = models(params)
+        meta = rnd.decode_metadata(aux["seq_lens"], cache.req_to_token, page_size=opts.page_size, **kw)
+        logits, _, cache = target.forward(aux["bonus"][:, None], meta, cache)
+        return cache, acc + jnp.sum(jnp.argmax(logits, axis=-1))
+
+    aux = dict(seq_lens=state.seq_lens, bonus=state.bonus)
+    ms, cs, _ = time_piece(("fwd", id(eng)), fwd, eng.params, aux, (state.target_cache, jnp.int32(0)), reps)
+    return ms, cs
+
+
+def ab_old_linear(eng, batch, context, args) -> float:
+    """ms of the plain forward with ``Linear`` as before ``decoder._dot16`` (einsum, precision HIGHEST)."""
+    import jax.numpy as jnp
+
+    from jaxspec.models import decoder
+
+    def old(self, x):
+        w = self.kernel[...]
+        y = jnp.einsum("...d,df->...f", x.astype(w.dtype), w, precision=decoder.PREC,
+                       preferred_element_type=jnp.float32)
+        return y if self.bias is None else y + decoder._bcast(self.bias[...].astype(jnp.float32), y.ndim)
+
+    new = decoder.Linear.__call__
+    decoder.Linear.__call__ = old
+    try:
+        _TIMERS.pop(("fwd", id(eng)), None)
+        ms, _ = plain_forward_ms(eng, prefilled(eng, batch, context, args.max_new), args.reps)
+    finally:
+        decoder.Linear.__call__ = new
+        _TIMERS.pop(("fwd", id(eng)), None)
+    return ms
+
+
+# ---------------------------------------------------------------------------------------------- profile
+def cupti_kernels(call, sync, iterations: int) -> dict | None:
+    """Kernel name -> us per call (CUPTI through jax's Mosaic GPU extension), or None when unavailable."""
+    try:
+        from jax._src.lib import mosaic_gpu as mgpu  # noqa: PLC0415 - GPU-only, optional
+        ext = mgpu._mosaic_gpu_ext
+        sync()
+        ext._cupti_init()
+        try:
+            call()
+            sync()
+        finally:
+            timings = ext._cupti_get_timings(True)
+    except Exception as e:  # noqa: BLE001
+        print(f"  (CUPTI unavailable: {e})", file=sys.stderr)
+        return None
+    out: dict = {}
+    for name, t in timings or []:
+        out[name] = out.get(name, 0.0) + t * 1e3 / iterations
+    return out
+
+
+def kernel_groups(per_kernel: dict) -> dict:
+    """Sum the per-kernel us into coarse groups by name."""
+    groups: dict = {}
+    for name, us in per_kernel.items():
+        n = name.lower()
+        g = ("attention" if ("attention" in n or "mosaic" in n or "prefix" in n) else
+             "gemm/gemv" if any(t in n for t in ("gemm", "gemv", "cublas", "cutlass", "dot", "matmul", "xmma", "sm90")) else
+             "scatter" if "scatter" in n else "copy" if "copy" in n else "reduce" if "reduce" in n else
+             "fusion" if ("fusion" in n or "loop_" in n or "input_" in n) else "other")
+        groups[g] = groups.get(g, 0.0) + us
+    return groups
+
+
+def profile_plain(eng, state, reps: int) -> dict:
+    """Per-kernel device time of the plain decode forward (Q = 1), CUPTI, ``reps`` forwards."""
+    import jax
+    import jax.numpy as jnp
+
+    run = _TIMERS[("fwd", id(eng))]
+    carry = [(state.target_cache, jnp.int32(0))]
+    aux = dict(seq_lens=state.seq_lens, bonus=state.bonus)
+
+    def call():
+        carry[0] = run(eng.params, aux, carry[0], reps)
+
+    call()
+    jax.block_until_ready(carry[0])
+    per = cupti_kernels(call, lambda: jax.block_until_ready(carry[0]), reps)
+    if per is None:
+        return {}
+    top = sorted(per.items(), key=lambda kv: -kv[1])
+    return dict(total_us=sum(per.values()), kernels=len(per), groups=kernel_groups(per),
+                top=[(k[:90], round(v, 2)) for k, v in top[:30]])
+
+
+# ---------------------------------------------------------------------------------------------- real pair
+def pair_accept_histogram(spec, prompts: int = 8, max_new: int = 64) -> dict:
+    """Accept-length histogram of the shipped tiny pair (greedy, ``Engine.run_step`` round by round; a head
+    with ``num_draft_steps = max(3, S)``: steps past its 3 trained layers reuse layer 3's weights). Each of
+    the ``prompts`` corpus prompts runs as its own batch-1 request: one small executable (the tree step's CPU
+    compile grew from about 1 min at batch 1 to over 20 min at batch 8 on a shared 2-core host), and a
+    request's greedy accept lengths do not depend on its batch."""
+    import jax.numpy as jnp
+    import numpy as np
+
+    from jaxspec.corpus import make_prompts
+    from jaxspec.engine import Engine
+    from jaxspec.models import DEFAULT_WEIGHTS, MockVocab, MTPDrafter, load_model
+
+    model = load_model(DEFAULT_WEIGHTS, mtp=True, kv_dtype=jnp.float32, num_draft_steps=max(3, spec.num_steps))
+    vocab = MockVocab(vocab_size=model.vocab_size)
+    texts = [vocab.encode(t) for t in make_prompts(prompts)]
+    width = max(len(p) for p in texts) + max_new + spec.num_draft_tokens
+    eng = Engine(model, MTPDrafter(model), spec=spec, max_context=-(-width // 16) * 16, page_size=16, max_batch=1)
+    hist = np.zeros(spec.num_steps + 2, np.int64)
+    for p in texts:
+        state = eng.run_prefill(*eng.prepare([p], max_new))
+        while not bool(np.asarray(state.done).all()):
+            before = np.asarray(state.num_accepted)
+            state = eng.run_step(state)
+            hist[int((np.asarray(state.num_accepted) - before)[0])] += 1
+    probs = hist[1:] / max(1, hist.sum())
+    return dict(histogram=hist[1:].tolist(), probs=probs.tolist(),
+                mean=float((np.arange(1, spec.num_steps + 2) * probs).sum()))

@@ -1,0 +1,36 @@
+"""``bench/e2e.py --tiny`` (the end-to-end bench's CPU path): every config produces rows with the fields the
+report needs, simulated rows say so, and the tiny pair's accept-length histograms are recorded. Slow (CPU
+compiles of three decode loops and the breakdown pieces)."""
+
+import json
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.slow
+def test_e2e_tiny_rows(tmp_path):
+    out = tmp_path / "e2e.json"
+    r = subprocess.run([sys.executable, str(ROOT / "bench" / "e2e.py"), "--tiny", "--json", str(out)],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    d = json.loads(out.read_text())
+    rows = d["rows"]
+    assert {r["config"] for r in rows} == {"plain", "chain", "tree"}
+    for cname, s in (("chain", 3), ("tree", 5)):
+        pair = d["pairs"][cname]
+        assert len(pair["histogram"]) == s + 1 and sum(pair["histogram"]) > 0
+        assert abs(sum(pair["probs"]) - 1) < 1e-9 and 1.0 <= pair["mean"] <= s + 1
+    for row in rows:
+        assert row["tok_s"] > 0 and row["ms_round"] > 0 and row["roofline_ms"] > 0 and row["compile_s"] >= 0
+        if row["config"] == "plain":
+            assert row["sim"] == "-" and row["efficiency"] == 1.0
+        else:
+            assert "sim" in row["sim"]  # every simulated row says so
+            assert {"draft_ms", "verify_ms", "bookkeeping_ms"} <= set(row)
+    sims = {r["sim"] for r in rows if r["config"] == "chain"}
+    assert any("mean 2.0" in s for s in sims) and any("mean 3.0" in s for s in sims) and any("pair" in s for s in sims)
