@@ -50,7 +50,9 @@ def _parse(argv):
     ap = _cli.parser("e2e.py", __doc__)
     ap.add_argument("--device", choices=["cpu", "gpu"], default="gpu", help="JAX platform to run on")
     ap.add_argument("--models", default="8b,1b", help="comma list of 8b, 1b, tiny")
-    ap.add_argument("--configs", default="plain,chain,tree", help="comma list: plain, chain (S3 K1 N4), tree (S5 K4 N8)")
+    ap.add_argument("--configs", default="plain,chain,tree,adaptive",
+                    help="comma list: plain, chain (S3 K1 N4), tree (S5 K4 N8), adaptive (plain / chain / tree chosen "
+                         "per round, Engine(adaptive=True), costs calibrated at the row's batch and context)")
     ap.add_argument("--batches", default=BATCHES, help="comma list of batch sizes")
     ap.add_argument("--contexts", default=CONTEXTS, help="comma list of context lengths (tokens already in the KV)")
     ap.add_argument("--max-new", type=int, default=32, help="tokens generated per request in a timed loop")
@@ -115,6 +117,9 @@ def _specs():
     return {"plain": None, "chain": SpecConfig(3, 1, 4), "tree": SpecConfig(5, 4, 8)}
 
 
+ADAPTIVE_SPECS = ("chain", "tree")  # the draft shapes an "adaptive" row chooses from, besides plain decoding
+
+
 def _sims(spec, pair: dict | None):
     """[(label, mean, probs or None)] of the simulated acceptance settings for ``spec``."""
     out = [(f"sim mean {m:.1f}", m, None) for m in SIM_MEANS if m <= spec.num_steps + 1]
@@ -135,15 +140,16 @@ def run_loop(eng, batch, context, max_new, repeats):
         state = jax.block_until_ready(eng.run_decode(state))
         dt = time.perf_counter() - t0
         g, r, a = (np.asarray(x) for x in (state.num_generated, state.num_rounds, state.num_accepted))
+        modes = None if state.policy is None else np.asarray(state.policy.mode_rounds).tolist()
         del state
-        return dt, int((g - g0).sum()), int((r - r0).max()), float((a - a0).sum()) / max(1, int((r - r0).sum()))
+        return dt, int((g - g0).sum()), int((r - r0).max()), float((a - a0).sum()) / max(1, int((r - r0).sum())), modes
 
     first = once()
     runs = [once() for _ in range(repeats)]
     dt = statistics.median(r[0] for r in runs)
-    _, tokens, rounds, accept = runs[0]
+    _, tokens, rounds, accept, modes = runs[0]
     return dict(ms_round=dt * 1e3 / max(1, rounds), tok_s=tokens / dt, rounds=rounds, tokens=tokens, accept=accept,
-                compile_s=max(0.0, first[0] - dt))
+                compile_s=max(0.0, first[0] - dt), mode_rounds=modes)
 
 
 def roofline_ms(wb: dict, model, spec, batch: int, context: int, gbps: float) -> float:
@@ -179,6 +185,9 @@ def bench_model(name, cfg, args, gbps, pairs, rows, dtype, kv_dtype):
     plain_ms = {}
     for batch in [int(x) for x in args.batches.split(",")]:
         for cname in args.configs.split(","):
+            if cname == "adaptive":
+                adaptive_rows(model, wb, name, batch, contexts, width, args, gbps, plain_ms, rows)
+                continue
             spec = specs[cname]
             drafter = None if spec is None else MTPDrafter(model)
             settings = [("-", 1.0, None)] if spec is None else _sims(spec, pairs.get(cname))
@@ -236,6 +245,71 @@ def bench_model(name, cfg, args, gbps, pairs, rows, dtype, kv_dtype):
             gc.collect()
     del model
     gc.collect()
+
+
+def adaptive_rows(model, wb, name, batch, contexts, width, args, gbps, plain_ms, rows):
+    """Rows of ``Engine(spec=(chain, tree), adaptive=True)`` at each simulated mean: the round costs of plain /
+    chain / tree are calibrated at this batch and context first (``Engine.calibrate``, one decode executable
+    for calibration and the timed loop), then the policy chooses per round; ``modes`` = rounds per mode."""
+    from jaxspec.engine import Engine, SimulatedAccept
+    from jaxspec.models import MTPDrafter
+
+    specs = _specs()
+    shapes = tuple(specs[c] for c in ADAPTIVE_SPECS)
+    for context in contexts:
+        t0 = time.perf_counter()
+        costs = None
+        for mean in SIM_MEANS:
+            eng = Engine(model, MTPDrafter(model), spec=shapes, adaptive=True, max_context=width,
+                         page_size=args.page_size, max_batch=batch, simulate_accept=SimulatedAccept(mean=mean))
+            if costs is None:
+                tc = time.perf_counter()
+                costs = eng.calibrate(batch, context=context)
+                cal_s = time.perf_counter() - tc
+            eng.round_costs[_bucket(batch)] = costs  # the same costs for every simulated mean
+            m = run_loop(eng, batch, context, args.max_new, args.repeats)
+            pms = plain_ms.get((batch, context))
+            base = None if pms is None else batch / (pms * 1e-3)
+            row = dict(model=name, config="adaptive", batch=batch, context=context, sim=f"engine sim mean {mean:.1f}",
+                       accept=m["accept"], tok_s=m["tok_s"], ms_round=m["ms_round"], measured_accept=m["accept"],
+                       roofline_ms=roofline_ms(wb, model, None, batch, context, gbps), compile_s=m["compile_s"],
+                       speedup=None if base is None else m["tok_s"] / base,
+                       efficiency=None if base is None else m["tok_s"] / base / m["accept"],
+                       mode_rounds=m["mode_rounds"], round_costs_ms=[float(c) * 1e3 for c in costs],
+                       calibrate_s=cal_s)
+            row["x_roof"] = row["ms_round"] / row["roofline_ms"]
+            rows.append(row)
+            _print_row(row)
+            print(f"      modes plain/chain/tree rounds {m['mode_rounds']}, calibrated ms/round "
+                  f"{', '.join(f'{c * 1e3:.3f}' for c in costs)} ({cal_s:.1f} s incl. compile)", flush=True)
+            if args.json:
+                _write_json(args, rows, gbps, {})
+        print(f"    ({time.perf_counter() - t0:.1f} s)", flush=True)
+
+
+def _bucket(batch: int) -> int:
+    from jaxspec.kernels._dispatch import next_pow2
+
+    return next_pow2(batch)
+
+
+def adaptive_summary(rows):
+    """Per (model, batch, context, sim mean): adaptive tok/s vs plain and vs the best fixed config."""
+    out = []
+    for r in rows:
+        if r["config"] != "adaptive":
+            continue
+        mean = r["sim"].split()[-1]
+        same = [x for x in rows if (x["model"], x["batch"], x["context"]) == (r["model"], r["batch"], r["context"])]
+        fixed = {x["config"]: x["tok_s"] for x in same
+                 if x["config"] == "plain" or (x["config"] in ADAPTIVE_SPECS and x["sim"].endswith(f"mean {mean}"))}
+        if not fixed:
+            continue
+        best = max(fixed, key=fixed.get)
+        out.append(dict(model=r["model"], batch=r["batch"], context=r["context"], mean=mean, tok_s=r["tok_s"],
+                        vs_plain=r["tok_s"] / fixed["plain"] if "plain" in fixed else None, best=best,
+                        vs_best=r["tok_s"] / fixed[best], modes=r.get("mode_rounds")))
+    return out
 
 
 HEADER = (f"{'model':<5} {'config':<6} {'batch':>5} {'ctx':>5} {'accept (sim)':<26} {'tok/s':>10} {'x plain':>7} "
@@ -322,6 +396,13 @@ def main(argv=None) -> int:
     print("\n" + HEADER)
     for r in rows:
         _print_row(r)
+    summary = adaptive_summary(rows)
+    if summary:
+        print("\nadaptive vs fixed configs (targets: >= 0.97x plain, within 5% of the best fixed config)")
+        for a in summary:
+            print(f"  {a['model']} batch {a['batch']:>4} ctx {a['context']:>5} sim mean {a['mean']}: "
+                  f"{a['tok_s']:>10,.0f} tok/s = {_f(a['vs_plain'], '.3f')}x plain, {a['vs_best']:.3f}x the best fixed "
+                  f"({a['best']}); rounds plain/chain/tree {a['modes']}")
     for r in rows:
         if "verify_ms_old_linear" in r:
             print(f"A/B plain forward {r['model']} batch {r['batch']} ctx {r['context']}: {r['verify_ms']:.3f} ms "

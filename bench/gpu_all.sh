@@ -41,7 +41,8 @@ for p in $PARTS; do case $p in
   # paged attention, ours (Mosaic GPU) vs SGLang's Triton extend/decode kernels vs jnp (~4.5 min at full
   # size; `attention-quick` for the subset). SGLang's attention files come from .originals (or
   # $JAXSPEC_ATTN_ORIGINALS/sglang-0.5.23/...); a missing original is reported per row, ours still timed.
-  e2e) run e2e 570 $PY bench/e2e.py --quick --json "$OUT/e2e.json" --png "$OUT/e2e.png" ;;
+  # E2E_ARGS replaces --quick (e.g. E2E_ARGS="--models 8b --batches 8 --contexts 4096" for a second call)
+  e2e) run e2e ${E2E_TIMEOUT:-570} $PY bench/e2e.py ${E2E_ARGS:---quick} --json "$OUT/e2e.json" --png "$OUT/e2e.png" ;;
   attention) run attention 330 $PY bench/attention.py --json "$OUT/attention.json" --png "$OUT/attention.png" ;;
   attention-quick) run attention 150 $PY bench/attention.py --quick --triton --json "$OUT/attention.json" --png "$OUT/attention.png" ;;
   *) echo "unknown part $p"; fail=1 ;;

@@ -239,32 +239,26 @@ def simulated_accept_path(
     tree: TreeOutput, predict: Int32[Array, " T"], accept_lens: Int32[Array, " B"], spec: SpecConfig, *,
     logits: Float[Array, "T V"] | None = None, target_predict: Int32[Array, " T"] | None = None,
 ) -> tuple[Int32[Array, " T"], Int32[Array, "B A"], Int32[Array, " B"]]:
-    """A forced accepted path (benchmarking; SGLang's ``generate_simulated_accept_index``, but on a real path).
+    """A forced accepted path (benchmarking): SGLang's ``generate_simulated_accept_index``.
 
-    Row ``b`` accepts ``L = clip(accept_lens[b], 1, 1 + depth)`` nodes along the first-child chain
-    ``0 -> next_token[0] -> ...`` (``depth`` = that chain's length, ``S`` for chains and full trees).
-    Returns ``(predict, accept_index, accept_lens)`` as a verify would: ``predict`` at each accepted node but
-    the last is the next node's draft token (so the committed tokens are the drafts, then the verify's own
-    token after the last node), ``accept_index`` the global node ids, -1 padded. The token after the last
-    node is the target's argmax there (``logits`` rows, or ``target_predict``), whatever the verify drew.
+    Row ``b`` accepts its first ``L = clip(accept_lens[b], 1, min(S + 1, N))`` nodes ``0..L-1``, as upstream:
+    for chains that is the chain itself; for trees it is the same amount of work (the KV move, compaction and
+    drafter extend of ``L`` nodes) whether or not those nodes form a path, which random-weight trees (the
+    point of simulating) rarely grow as deep as ``L``. Returns ``(predict, accept_index, accept_lens)`` as a
+    verify would: ``predict`` at each accepted node but the last is the next node's draft token (the committed
+    tokens are those drafts, then the token after the last node), ``accept_index`` the global node ids, -1
+    padded. The token after the last node is the target's argmax there (``logits`` rows, or
+    ``target_predict``), whatever the verify drew.
     """
     s, n = spec.num_steps, spec.num_draft_tokens
     b = accept_lens.shape[0]
     rows = jnp.arange(b, dtype=jnp.int32)
-    nodes, node = [jnp.zeros((b,), jnp.int32)], jnp.zeros((b,), jnp.int32)
-    for _ in range(s):  # S is small and static: S gathers, no loop-carried shapes
-        nxt = tree.retrieve_next_token[rows, node]
-        nodes.append(jnp.where((node >= 0) & (nxt >= 0), nxt, -1))
-        node = nodes[-1]
-    path = jnp.stack(nodes, axis=1)  # (B, S+1) local ids, -1 past the chain's end
-    depth = jnp.sum((path[:, 1:] >= 0).astype(jnp.int32), axis=1)
-    lens = jnp.clip(accept_lens.astype(jnp.int32), 1, 1 + depth)
+    lens = jnp.clip(accept_lens.astype(jnp.int32), 1, min(s + 1, n))
     col = jnp.arange(s + 1, dtype=jnp.int32)[None, :]
-    accept_index = jnp.where(col < lens[:, None], rows[:, None] * n + path, -1)
-    tokens = tree.draft_tokens
-    nxt_tok = tokens[jnp.maximum(rows[:, None] * n + path[:, 1:], 0)]  # draft token of the next path node
+    accept_index = jnp.where(col < lens[:, None], rows[:, None] * n + jnp.minimum(col, n - 1), -1)
+    nxt = jnp.minimum(rows[:, None] * n + col[:, :s] + 1, b * n - 1)  # the draft token of the next node
     write = jnp.where(col[:, :s] < lens[:, None] - 1, accept_index[:, :s], predict.shape[0])
-    predict = predict.at[write.reshape(-1)].set(nxt_tok.reshape(-1), mode="drop")
+    predict = predict.at[write.reshape(-1)].set(tree.draft_tokens[nxt].reshape(-1), mode="drop")
     last = jnp.take_along_axis(accept_index, lens[:, None] - 1, axis=1)[:, 0]
     if logits is not None:  # B rows of the logits, not B*N: the argmax costs B*V reads
         last_tok = jnp.argmax(logits[last], axis=-1).astype(jnp.int32)
@@ -308,10 +302,10 @@ def commit(
     ``active = False`` are computed but frozen: no KV move, ``seq_lens`` and ``bonus`` unchanged.
 
     ``simulated_accept_lens`` (``i32[B]`` in ``[1, S+1]``; BENCHMARKING ONLY, never lossless): SGLang's
-    ``SIMULATE_ACC_LEN`` mode. The verify result is replaced by an accepted path of that many nodes along
-    the tree's first-child chain (clipped to its depth): the drafts on it are taken as accepted and the
-    verify's token after its last node is the bonus, so the KV move, compaction and drafter extend do the
-    work of a real round with that accept length (see ``simulated_accept_path``).
+    ``SIMULATE_ACC_LEN`` mode. The verify result is replaced by that many accepted nodes (the first ones, as
+    upstream; the chain itself for chains): their drafts are taken as accepted and the target's token after
+    the last is the bonus, so the KV move, compaction and drafter extend do the work of a real round with that
+    accept length (see ``simulated_accept_path``).
     """
     if (logits is None) == (target_predict is None):
         raise ValueError("commit: give exactly one of logits and target_predict")

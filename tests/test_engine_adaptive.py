@@ -2,8 +2,8 @@
 
 Adaptive engines must be lossless whatever mode the policy picks: greedy output == plain greedy output with
 round costs that favour plain, the chain, the tree, and with calibrated costs. Simulated acceptance must
-accept exactly the drawn lengths along the first-child chain (integer means are exact: every round accepts
-that many nodes, clipped to the chain's depth). A small random MTP model keeps the compiles short; one
+accept exactly the drawn lengths (integer means are exact: every round accepts that many nodes, the first
+ones as in SGLang, clipped to S + 1). A small random MTP model keeps the compiles short; one
 engine per configuration is shared by the module (every generate has the same shapes).
 """
 
@@ -173,25 +173,21 @@ def test_simulated_accept_path_follows_first_children():
     np.testing.assert_array_equal(np.asarray(idx), [[0, 1, 2, -1], [4, 5, 6, 7]])
     # accepted nodes but the last predict the next draft; the last gets the target's argmax
     np.testing.assert_array_equal(np.asarray(p), [10, 11, 2, -7, 20, 21, 22, 7])
-    # a tree: the first-child chain of a top-2 tree built from random drafts
+    # a tree: the first L nodes, as SGLang's simulation (the work of an L-node accept, path or not)
     lists = draft_lists(np.random.default_rng(0), b, TREE.num_steps, TREE.topk, vocab=32)
     parent_list, top_index, draft = organize(lists[0], lists[1], lists[2], TREE.num_draft_tokens)
     tree = build_tree(bonus, jnp.asarray(parent_list, jnp.int32), jnp.asarray(top_index, jnp.int32),
                       jnp.asarray(draft, jnp.int32), seq, config=TREE, mask_mode=TreeMaskMode.QLEN_ONLY)
     n = TREE.num_draft_tokens
-    p, idx, lens = simulated_accept_path(tree, jnp.zeros((b * n,), jnp.int32), jnp.array([4, 4], jnp.int32), TREE)
-    nxt, tok = np.asarray(tree.retrieve_next_token), np.asarray(tree.draft_tokens)
-    for r in range(b):
-        path = [0]
-        while len(path) < 4 and nxt[r, path[-1]] >= 0:
-            path.append(int(nxt[r, path[-1]]))
-        assert int(lens[r]) == len(path)
-        np.testing.assert_array_equal(np.asarray(idx)[r, : len(path)], [r * n + j for j in path])
-        for j, node in enumerate(path[:-1]):
-            assert int(p[r * n + node]) == tok[r * n + path[j + 1]]
+    p, idx, lens = simulated_accept_path(tree, jnp.zeros((b * n,), jnp.int32), jnp.array([4, 0], jnp.int32), TREE)
+    tok = np.asarray(tree.draft_tokens)
+    np.testing.assert_array_equal(np.asarray(lens), [4, 1])  # 0 is clipped to 1 (the root alone)
+    np.testing.assert_array_equal(np.asarray(idx), [[0, 1, 2, 3], [n, -1, -1, -1]])
+    np.testing.assert_array_equal(np.asarray(p)[:3], tok[1:4])
+    assert not np.asarray(p)[4:].any() and not np.asarray(p)[n:].any()
 
 
-@pytest.mark.parametrize("spec, mean, want", [(CHAIN, 3.0, 3.0), (CHAIN, 9.0, 4.0), (TREE, 1.0, 1.0)])
+@pytest.mark.parametrize("spec, mean, want", [(CHAIN, 3.0, 3.0), (CHAIN, 9.0, 4.0), (TREE, 3.0, 3.0)])
 def test_engine_simulated_accept_is_exact_for_integer_means(model, prompts, spec, mean, want):
     eng = Engine(model, MTPDrafter(model), spec=spec, simulate_accept=SimulatedAccept(mean=mean), **KW)
     res = eng.generate(prompts, MAX_NEW)

@@ -492,8 +492,9 @@ class Engine:
         policy of every later ``prepare`` at that bucket) and return them.
 
         Runs a throw-away batch of one-token prompts whose committed length is moved to ``context``
-        (default: half of ``max_context``; the K/V there are zeros, which costs the same), ``rounds`` timed
-        rounds per mode after one untimed pass (the first call of a bucket compiles the decode loop).
+        (default: half of ``max_context``; the K/V there are zeros, which costs the same). Per mode: one untimed
+        round (the first call of a bucket compiles the decode loop), then a 1-round and a ``1 + rounds``-round
+        call of the loop, whose difference over ``rounds`` is the cost (the call's fixed cost cancels).
         """
         if self.opts.adaptive is None:
             raise ValueError("calibrate: only adaptive engines (adaptive=True) choose modes by cost")
@@ -517,12 +518,14 @@ class Engine:
         state = dataclasses.replace(state, seq_lens=jnp.where(active, state.seq_lens + ctx, state.seq_lens))
         costs = np.zeros((m,), np.float32)
         for mode in range(m):
-            for timed in (False, True):
+            state = self.run_decode(state, max_rounds=1, mode=mode)  # untimed (the bucket's first call compiles)
+            elapsed = []
+            for trips in (1, 1 + rounds):  # the difference cancels the call's fixed cost (dispatch, loop entry)
                 state = jax.block_until_ready(state)
                 t0 = time.perf_counter()
-                state = jax.block_until_ready(self.run_decode(state, max_rounds=rounds, mode=mode))
-                if timed:
-                    costs[mode] = (time.perf_counter() - t0) / rounds
+                state = jax.block_until_ready(self.run_decode(state, max_rounds=trips, mode=mode))
+                elapsed.append(time.perf_counter() - t0)
+            costs[mode] = max(elapsed[1] - elapsed[0], 1e-9 * rounds) / rounds
         self.round_costs[b] = costs
         return costs
 
@@ -560,7 +563,7 @@ class Engine:
 
     def _calibration_tokens(self, rounds: int) -> int:
         """Tokens the calibration's forced rounds may commit (untimed + timed pass, each round <= S + 1)."""
-        return 2 * rounds * int(sum(draft_spec_max_accept(self.opts.specs))) + 1
+        return (3 + rounds) * int(sum(draft_spec_max_accept(self.opts.specs))) + 1
 
     def _ensure_calibrated(self, batch_size: int) -> None:
         if self.opts.adaptive is not None and 0 < batch_size <= self.max_batch:
