@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Everything jaxspec measures and checks on the H200, in one call of the device tool:
 #   run(command="bash bench/gpu_all.sh [parts]", carry=[".originals"])
-# parts (default: env tests kernels check step decode; also attention, attention-quick, e2e: end-to-end at
+# parts (default: env tests kernels check step decode; also decode-quick (greedy device loop only), attention, attention-quick, e2e: end-to-end at
 # 8B / 1B scale, bench/e2e.py --quick, about 9 min: one call on its own). All of them take
 # more than one device call allows (10 min): run them as two calls, e.g. "env tests check step" then
 # "env decode attention".
@@ -37,6 +37,7 @@ for p in $PARTS; do case $p in
   kernels) run kernels 300 $PY bench/kernels.py --move-configs 16x1,8x4 --span-modes par --reps 20 --json "$OUT/kernels.json" ;;
   check) run check 240 $PY -m jaxspec.interop.check --device cuda --seed 0 --cases 3 ;;
   step) run step 300 $PY bench/step.py --device cuda --json "$OUT/step.json" --png "$OUT/step.png" ;;
+  decode-quick) run decode ${DECODE_TIMEOUT:-200} $PY bench/decode.py --device gpu --batch-sizes 1,32 --modes loop --sampling greedy --repeats 1 --json "$OUT/decode.json" ;;
   decode) run decode 280 $PY bench/decode.py --device gpu --batch-sizes 1,32 --json "$OUT/decode.json" ;;
   # paged attention, ours (Mosaic GPU) vs SGLang's Triton extend/decode kernels vs jnp (~4.5 min at full
   # size; `attention-quick` for the subset). SGLang's attention files come from .originals (or

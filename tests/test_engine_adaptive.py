@@ -99,12 +99,13 @@ def test_policy_choice_probe_and_average():
     ps = init_policy_state([1.0, 2.0, 4.0], [1.0, 4.0, 4.0])
     pol = AdaptivePolicy(ema_weight=0.5, probe_interval=3)
     assert int(choose_mode(pol, ps)) == 1  # optimistic start: 4/2 beats 1/1 and 4/4
-    ps = update_policy(pol, ps, jnp.int32(1), jnp.float32(1.0))  # the chain accepted nothing: (4 + 1) / 2
-    np.testing.assert_allclose(np.asarray(ps.accept), [1.0, 2.5, 4.0])
+    ps = update_policy(pol, ps, jnp.int32(1), jnp.float32(3.0))  # first chain round: 3 replaces the start 4
+    np.testing.assert_allclose(np.asarray(ps.accept), [1.0, 3.0, 4.0])
     np.testing.assert_array_equal(np.asarray(ps.idle), [1, 0, 1])
     np.testing.assert_array_equal(np.asarray(ps.mode_rounds), [0, 1, 0])
-    ps = update_policy(pol, ps, jnp.int32(1), jnp.float32(1.0))  # accept 1.75: rate 0.875 < plain 1
-    assert int(choose_mode(pol, ps)) == 0
+    ps = update_policy(pol, ps, jnp.int32(1), jnp.float32(0.5))  # then averaged: (3 + 0.5) / 2 = 1.75
+    np.testing.assert_allclose(np.asarray(ps.accept), [1.0, 1.75, 4.0])
+    assert int(choose_mode(pol, ps)) == 0  # rate 0.875 < plain 1
     for _ in range(2):  # plain rounds; the chain idles (2 -> 3 rounds): a probe is due, the tree never wins
         ps = update_policy(pol, ps, jnp.int32(0), jnp.float32(1.0))
     assert int(ps.idle[1]) == 2 and int(choose_mode(pol, ps)) == 0

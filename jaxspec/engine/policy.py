@@ -6,7 +6,8 @@ bucket; rows of finished requests are still computed, so the cost of a round dep
 (static, one executable per bucket), never on how many requests are left, and the best mode is the one with
 the highest ``accept(m) / round_cost[m]``. ``round_cost`` is measured on the device for the bucket
 (``Engine.calibrate``, values in the state: new costs never recompile); ``accept`` is a running average of
-the accept lengths the mode had (``ema_weight``), starting optimistic (``S + 1``). A speculative mode not
+the accept lengths the mode had (``ema_weight``), starting optimistic (``S + 1``) until the mode's first
+round, whose accept length replaces it (so each shape costs one exploratory round, not a slow decay). A speculative mode not
 run for ``probe_interval`` rounds runs once more if its optimistic rate could beat the best, so a shape
 switched off by low acceptance is tried again when the text gets easier. Every mode is lossless; the choice
 is one ``lax.switch`` per round inside the compiled loop (no host sync).
@@ -87,11 +88,13 @@ def choose_mode(policy: AdaptivePolicy, ps: PolicyState) -> jax.Array:
 
 
 def update_policy(policy: AdaptivePolicy, ps: PolicyState, mode: jax.Array, accept: jax.Array) -> PolicyState:
-    """Fold the round's mean accept length (over its active requests) into mode ``mode``'s average."""
+    """Fold the round's mean accept length (over its active requests) into mode ``mode``'s average (the mode's
+    first round replaces the optimistic start)."""
     m = ps.accept.shape[0]
     hit = jnp.arange(m) == mode
     w = jnp.float32(policy.ema_weight)
-    new = jnp.where(hit & (mode > 0), (1 - w) * ps.accept + w * accept, ps.accept)
+    first = ps.mode_rounds == 0  # the first observation replaces the optimistic start
+    new = jnp.where(hit & (mode > 0), jnp.where(first, accept, (1 - w) * ps.accept + w * accept), ps.accept)
     return dataclasses.replace(
         ps, accept=new, idle=jnp.where(hit, 0, ps.idle + 1), mode_rounds=ps.mode_rounds + hit.astype(jnp.int32)
     )
