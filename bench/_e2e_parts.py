@@ -3,8 +3,9 @@ separate jitted calls in a device loop, the plain forward's per-kernel CUPTI pro
 pair's accept-length histogram. No CLI (``python bench/e2e.py --help``)."""
 
 import dataclasses
-import sys
 import time
+
+from _timing import cupti_kernels
 
 PROMPT = 8  # prompt tokens per request (prefill), before seq_lens is moved to the context
 
@@ -193,27 +194,6 @@ def ab_old_linear(eng, batch, context, args) -> float:
 
 
 # ---------------------------------------------------------------------------------------------- profile
-def cupti_kernels(call, sync, iterations: int) -> dict | None:
-    """Kernel name -> us per call (CUPTI through jax's Mosaic GPU extension), or None when unavailable."""
-    try:
-        from jax._src.lib import mosaic_gpu as mgpu  # noqa: PLC0415 - GPU-only, optional
-        ext = mgpu._mosaic_gpu_ext
-        sync()
-        ext._cupti_init()
-        try:
-            call()
-            sync()
-        finally:
-            timings = ext._cupti_get_timings(True)
-    except Exception as e:  # noqa: BLE001
-        print(f"  (CUPTI unavailable: {e})", file=sys.stderr)
-        return None
-    out: dict = {}
-    for name, t in timings or []:
-        out[name] = out.get(name, 0.0) + t * 1e3 / iterations
-    return out
-
-
 def kernel_groups(per_kernel: dict) -> dict:
     """Sum the per-kernel us into coarse groups by name."""
     groups: dict = {}
@@ -241,7 +221,7 @@ def profile_plain(eng, state, reps: int) -> dict:
 
     call()
     jax.block_until_ready(carry[0])
-    per = cupti_kernels(call, lambda: jax.block_until_ready(carry[0]), reps)
+    per = cupti_kernels(call, lambda: jax.block_until_ready(carry[0]), reps, calls=1)
     if per is None:
         return {}
     top = sorted(per.items(), key=lambda kv: -kv[1])

@@ -108,9 +108,10 @@ def best_block_wall_us(fn, calls: int, sync) -> float:
     return best * 1e6
 
 
-def cupti_kernel_us(call, sync, iterations: int = 10):
-    """Sum of kernel durations per call (CUPTI through jax's Mosaic GPU extension); None if unavailable.
-    ``sync()`` waits for the whole device (e.g. ``torch.cuda.synchronize``)."""
+def cupti_kernels(call, sync, iterations: int, calls: int | None = None) -> dict | None:
+    """Kernel name -> us per iteration (CUPTI through jax's Mosaic GPU extension), or None when unavailable.
+    ``call()`` runs ``calls`` times (default ``iterations``; 1 when ``call`` itself loops ``iterations`` times on
+    the device); ``sync()`` waits for the whole device (e.g. ``torch.cuda.synchronize``)."""
     try:
         from jax._src.lib import mosaic_gpu as mgpu  # noqa: PLC0415 - optional, GPU-only
     except Exception:  # noqa: BLE001
@@ -122,7 +123,7 @@ def cupti_kernel_us(call, sync, iterations: int = 10):
         sync()
         ext._cupti_init()
         try:
-            for _ in range(iterations):
+            for _ in range(iterations if calls is None else calls):
                 call()
             sync()
         finally:
@@ -132,11 +133,21 @@ def cupti_kernel_us(call, sync, iterations: int = 10):
         return None
     if not timings:
         return None
-    per_kernel = {}
+    per_kernel: dict = {}
     for name, t in timings:
-        per_kernel[name] = per_kernel.get(name, 0.0) + t * 1e3 / iterations
+        per_kernel[name] = per_kernel.get(name, 0.0) + t * 1e3 / iterations  # ms -> us
+    cupti_kernels.last_count = len(timings) / iterations
+    return per_kernel
+
+
+def cupti_kernel_us(call, sync, iterations: int = 10):
+    """Sum of kernel durations per call (``cupti_kernels``); None if unavailable. ``last_top`` / ``last_count``:
+    the 8 costliest kernels and the kernels per call of the last measurement."""
+    per_kernel = cupti_kernels(call, sync, iterations)
+    if per_kernel is None:
+        return None
     cupti_kernel_us.last_top = sorted(per_kernel.items(), key=lambda kv: -kv[1])[:8]
-    cupti_kernel_us.last_count = len(timings) / iterations
-    return sum(t for _, t in timings) / iterations * 1e3  # ms -> us
+    cupti_kernel_us.last_count = cupti_kernels.last_count
+    return sum(per_kernel.values())
 
 
