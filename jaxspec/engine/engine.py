@@ -31,7 +31,7 @@ from jaxspec.config import SpecConfig
 from jaxspec.engine.policy import AdaptivePolicy, init_policy_state
 from jaxspec.engine.simulate import SimulatedAccept
 from jaxspec.engine.state import DecodeState, EngineOptions, SamplingParams
-from jaxspec.engine.step import decode_step, draft_spec_max_accept, prefill
+from jaxspec.engine.step import decode_loop, decode_step, draft_spec_max_accept, prefill
 from jaxspec.kernels._dispatch import next_pow2
 from jaxspec.protocols import Drafter, TargetModel, check_implements, make_req_to_token, num_pages_needed
 
@@ -90,16 +90,10 @@ def _compiled(graphdef, treedef, opts: EngineOptions, checks: bool) -> _Compiled
     def _generate(params, state, prompts, lens):
         target, drafter = _models(params)
         state = prefill(target, drafter, opts, state, prompts, lens)
-        return jax.lax.while_loop(lambda st: ~jnp.all(st.done), lambda st: decode_step(target, drafter, opts, st), state)
+        return decode_loop(target, drafter, opts, state)
 
     def _decode(params, state, force_mode, max_rounds):
-        target, drafter = _models(params)
-
-        def body(carry):
-            st, i = carry
-            return decode_step(target, drafter, opts, st, force_mode), i + 1
-
-        return jax.lax.while_loop(lambda c: ~jnp.all(c[0].done) & (c[1] < max_rounds), body, (state, 0))[0]
+        return decode_loop(*_models(params), opts, state, force_mode, max_rounds)
 
     return _Compiled(
         prefill=jax.jit(_checked(_prefill, checks), donate_argnums=(1,)),

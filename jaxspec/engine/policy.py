@@ -10,7 +10,8 @@ the accept lengths the mode had (``ema_weight``), starting optimistic (``S + 1``
 round, whose accept length replaces it (so each shape costs one exploratory round, not a slow decay). A speculative mode not
 run for ``probe_interval`` rounds runs once more if its optimistic rate could beat the best, so a shape
 switched off by low acceptance is tried again when the text gets easier. Every mode is lossless; the choice
-is one ``lax.switch`` per round inside the compiled loop (no host sync).
+is made every round inside the compiled loop (no host sync): ``step.decode_loop`` runs each mode as a segment
+of rounds and switches only when the choice changes.
 
 What the switch costs in acceptance: each draft shape keeps its own drafter state, extended only by its own
 rounds, so after rounds of other modes a shape drafts from a state that misses those positions (its first

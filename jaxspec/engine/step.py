@@ -214,20 +214,57 @@ def plain_step(target, opts: EngineOptions, state: DecodeState) -> DecodeState:
 
 
 def adaptive_step(target, drafter, opts: EngineOptions, state: DecodeState, force_mode=None) -> DecodeState:
-    """One round of adaptive speculation: ``policy.choose_mode`` picks plain decoding (mode 0) or draft shape
-    ``opts.specs[m - 1]``, one ``lax.switch`` runs that round, and the round's mean accept length over its
-    active requests updates the policy state. ``force_mode`` (traced ``i32[]``, ``-1`` = the policy's
-    choice) forces a mode, e.g. to time each one (``Engine.calibrate``)."""
+    """One round of adaptive speculation (``Engine.run_step``; the compiled loop is ``decode_loop``):
+    ``policy.choose_mode`` picks plain decoding (mode 0) or draft shape ``opts.specs[m - 1]``, one
+    ``lax.switch`` runs that round, and the round's mean accept length over its active requests updates the
+    policy state. ``force_mode`` (traced ``i32[]``, ``-1`` = the policy's choice) forces a mode."""
     ps = state.policy
     mode = choose_mode(opts.adaptive, ps)
     if force_mode is not None:
         mode = jnp.where(force_mode >= 0, force_mode, mode)
-    branches = [functools.partial(plain_step, target, opts)]
-    branches += [functools.partial(spec_step, target, drafter, opts, which=i) for i in range(len(opts.specs))]
-    new = jax.lax.switch(mode, branches, state)
-    rounds = jnp.sum(new.num_rounds - state.num_rounds)
-    accept = jnp.sum(new.num_accepted - state.num_accepted).astype(jnp.float32) / jnp.maximum(rounds, 1).astype(jnp.float32)
-    return dataclasses.replace(new, policy=update_policy(opts.adaptive, ps, mode, accept))
+    new = jax.lax.switch(mode, _mode_branches(target, drafter, opts), state)
+    return dataclasses.replace(new, policy=update_policy(opts.adaptive, ps, mode, _round_accept(state, new)))
+
+
+def _mode_branches(target, drafter, opts: EngineOptions) -> list:
+    """The round of each mode: plain decoding, then one per draft shape in ``opts.specs``."""
+    out = [functools.partial(plain_step, target, opts)]
+    return out + [functools.partial(spec_step, target, drafter, opts, which=i) for i in range(len(opts.specs))]
+
+
+def _round_accept(old: DecodeState, new: DecodeState) -> jax.Array:
+    """Mean accept length of the round ``old -> new`` over its active requests (f32[])."""
+    rounds = jnp.sum(new.num_rounds - old.num_rounds).astype(jnp.float32)
+    return jnp.sum(new.num_accepted - old.num_accepted).astype(jnp.float32) / jnp.maximum(rounds, 1.0)
+
+
+def decode_loop(target, drafter, opts: EngineOptions, state: DecodeState, force_mode=None, max_rounds=None):
+    """The compiled decode loop: rounds until every request is done (or ``max_rounds``, traced ``i32[]``).
+
+    Adaptive engines run it as segments: an outer ``while_loop`` picks the policy's mode (or ``force_mode``,
+    traced, ``-1`` = the policy's) and ``lax.switch``es into an inner ``while_loop`` of that mode's rounds,
+    which runs while the policy keeps choosing it. A conditional copies the buffers it carries (measured
+    with one ``lax.switch`` per round: whole KV pools per round), so the copies happen once per mode change,
+    never per round; the inner loops are the fixed-shape loops."""
+    limit = jnp.int32(2**31 - 1) if max_rounds is None else max_rounds
+    live = lambda c: ~jnp.all(c[0].done) & (c[1] < limit)  # noqa: E731
+    if opts.adaptive is None:
+        return jax.lax.while_loop(live, lambda c: (decode_step(target, drafter, opts, c[0]), c[1] + 1), (state, 0))[0]
+    forced = jnp.int32(-1) if force_mode is None else force_mode
+
+    def pick(st):
+        return jnp.where(forced >= 0, forced, choose_mode(opts.adaptive, st.policy))
+
+    def segment(mode: int, step):
+        def body(c):
+            new = step(c[0])
+            ps = update_policy(opts.adaptive, c[0].policy, jnp.int32(mode), _round_accept(c[0], new))
+            return dataclasses.replace(new, policy=ps), c[1] + 1
+
+        return lambda c: jax.lax.while_loop(lambda c: live(c) & (pick(c[0]) == mode), body, c)
+
+    segments = [segment(m, f) for m, f in enumerate(_mode_branches(target, drafter, opts))]
+    return jax.lax.while_loop(live, lambda c: jax.lax.switch(pick(c[0]), segments, c), (state, jnp.int32(0)))[0]
 
 
 def decode_step(target, drafter, opts: EngineOptions, state: DecodeState, force_mode=None) -> DecodeState:
