@@ -186,7 +186,7 @@ def bench_model(name, cfg, args, gbps, pairs, rows, dtype, kv_dtype):
     for batch in [int(x) for x in args.batches.split(",")]:
         for cname in args.configs.split(","):
             if cname == "adaptive":
-                adaptive_rows(model, wb, name, batch, contexts, width, args, gbps, plain_ms, rows)
+                adaptive_rows(model, wb, name, batch, contexts, width, args, gbps, plain_ms, rows, pairs)
                 continue
             spec = specs[cname]
             drafter = None if spec is None else MTPDrafter(model)
@@ -247,7 +247,7 @@ def bench_model(name, cfg, args, gbps, pairs, rows, dtype, kv_dtype):
     gc.collect()
 
 
-def adaptive_rows(model, wb, name, batch, contexts, width, args, gbps, plain_ms, rows):
+def adaptive_rows(model, wb, name, batch, contexts, width, args, gbps, plain_ms, rows, pairs):
     """Rows of ``Engine(spec=(chain, tree), adaptive=True)`` at each simulated mean: the round costs of plain /
     chain / tree are calibrated at this batch and context first (``Engine.calibrate``, one decode executable
     for calibration and the timed loop), then the policy chooses per round; ``modes`` = rounds per mode."""
@@ -283,7 +283,7 @@ def adaptive_rows(model, wb, name, batch, contexts, width, args, gbps, plain_ms,
             print(f"      modes plain/chain/tree rounds {m['mode_rounds']}, calibrated ms/round "
                   f"{', '.join(f'{c * 1e3:.3f}' for c in costs)} ({cal_s:.1f} s incl. compile)", flush=True)
             if args.json:
-                _write_json(args, rows, gbps, {})
+                _write_json(args, rows, gbps, pairs)
         print(f"    ({time.perf_counter() - t0:.1f} s)", flush=True)
 
 

@@ -1,6 +1,7 @@
 """``bench/e2e.py --tiny`` (the end-to-end bench's CPU path): every config produces rows with the fields the
-report needs, simulated rows say so, and the tiny pair's accept-length histograms are recorded. Slow (CPU
-compiles of three decode loops and the breakdown pieces)."""
+report needs, simulated rows say so, adaptive rows record their modes and calibrated costs, and the tiny
+pair's accept-length histograms are recorded. Slow (CPU compiles of four decode loops and the breakdown
+pieces)."""
 
 import json
 import pathlib
@@ -20,7 +21,7 @@ def test_e2e_tiny_rows(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     d = json.loads(out.read_text())
     rows = d["rows"]
-    assert {r["config"] for r in rows} == {"plain", "chain", "tree"}
+    assert {r["config"] for r in rows} == {"plain", "chain", "tree", "adaptive"}
     for cname, s in (("chain", 3), ("tree", 5)):
         pair = d["pairs"][cname]
         assert len(pair["histogram"]) == s + 1 and sum(pair["histogram"]) > 0
@@ -29,6 +30,9 @@ def test_e2e_tiny_rows(tmp_path):
         assert row["tok_s"] > 0 and row["ms_round"] > 0 and row["roofline_ms"] > 0 and row["compile_s"] >= 0
         if row["config"] == "plain":
             assert row["sim"] == "-" and row["efficiency"] == 1.0
+        elif row["config"] == "adaptive":  # rounds per mode (plain, chain, tree) and the calibrated costs
+            assert "sim" in row["sim"] and len(row["mode_rounds"]) == 3 and sum(row["mode_rounds"]) > 0
+            assert len(row["round_costs_ms"]) == 3 and min(row["round_costs_ms"]) > 0
         else:
             assert "sim" in row["sim"]  # every simulated row says so
             assert {"draft_ms", "verify_ms", "bookkeeping_ms"} <= set(row)
