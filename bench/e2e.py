@@ -18,8 +18,8 @@ Method, per (model, config, batch, context) row:
   acceptance, ``Engine(simulate_accept=SimulatedAccept(mean=...))`` / ``(probs=...)``: mean 2.0, 3.0 and the
   real pair's distribution (the shipped tiny pair's accept-length histogram per config, measured in the same
   run with ``Engine.run_step``). Every such row says so in its ``sim`` column; its ``accept`` column is the
-  accept length the loop measured (for the tree it can fall below the setting: the simulated path follows the
-  draft tree's first-child chain, which can be shorter). One executable per (config, batch) serves every
+  accept length the loop measured (integer means are exact; a histogram's mean is met up to the random
+  draws of a short run). One executable per (config, batch) serves every
   setting (the distribution is a value of the state).
 * Breakdown (``--breakdown`` batches): the round's pieces timed as SEPARATE jitted calls on the same shapes,
   each in a device loop (1-trip loop subtracted): draft = ``propose`` + ``extend_after_verify``; verify =
@@ -252,6 +252,7 @@ def adaptive_rows(model, wb, name, batch, contexts, width, args, gbps, plain_ms,
     chain / tree are calibrated at this batch and context first (``Engine.calibrate``, one decode executable
     for calibration and the timed loop), then the policy chooses per round; ``modes`` = rounds per mode."""
     from jaxspec.engine import Engine, SimulatedAccept
+    from jaxspec.kernels._dispatch import next_pow2
     from jaxspec.models import MTPDrafter
 
     specs = _specs()
@@ -266,7 +267,7 @@ def adaptive_rows(model, wb, name, batch, contexts, width, args, gbps, plain_ms,
                 tc = time.perf_counter()
                 costs = eng.calibrate(batch, context=context)
                 cal_s = time.perf_counter() - tc
-            eng.round_costs[_bucket(batch)] = costs  # the same costs for every simulated mean
+            eng.round_costs[next_pow2(batch)] = costs  # the same costs for every simulated mean
             m = run_loop(eng, batch, context, args.max_new, args.repeats)
             pms = plain_ms.get((batch, context))
             base = None if pms is None else batch / (pms * 1e-3)
@@ -285,12 +286,6 @@ def adaptive_rows(model, wb, name, batch, contexts, width, args, gbps, plain_ms,
             if args.json:
                 _write_json(args, rows, gbps, pairs)
         print(f"    ({time.perf_counter() - t0:.1f} s)", flush=True)
-
-
-def _bucket(batch: int) -> int:
-    from jaxspec.kernels._dispatch import next_pow2
-
-    return next_pow2(batch)
 
 
 def adaptive_summary(rows):

@@ -1,8 +1,8 @@
 """Simulated acceptance for benchmarking (SGLang's ``SIMULATE_ACC_LEN`` / ``SIMULATE_ACC_METHOD``).
 
 Random-weight models accept nothing, so their speculative rounds say nothing about the speed at a real
-accept length. ``SimulatedAccept`` makes every speculative round accept a drawn number of nodes along the
-draft tree's first-child chain (``round.simulated_accept_path``): the KV move, the compaction, the drafter
+accept length. ``SimulatedAccept`` makes every speculative round accept a drawn number of nodes, the first
+ones as SGLang's simulation does (``round.simulated_accept_path``): the KV move, the compaction, the drafter
 extend and the output bookkeeping then do the work of a real round of that accept length. The OUTPUT IS NOT
 the target's (never lossless): never the default, and benches print it in every row it touches.
 """
@@ -21,7 +21,7 @@ class SimulatedAccept:
 
     mean: SGLang's ``match-expected`` method: each round accepts ``floor(mean)`` or ``ceil(mean)`` nodes
       (root included, so 1 = no draft accepted) with the weights that make the mean exact; clipped to
-      ``[1, S + 1]`` of the round's draft shape.
+      ``[1, min(S + 1, N)]`` of the round's draft shape.
     probs: ``probs[i]`` = probability of accept length ``i + 1`` (e.g. a histogram measured with a trained
       pair); lengths beyond a shape's ``S + 1`` count as ``S + 1``. Normalised here; must not all be 0.
     """
@@ -57,11 +57,6 @@ class SimulatedAccept:
             p[: min(width, q.size)] = q[:width]
             p[width - 1] += q[width:].sum()
         return p.astype(np.float32)
-
-    def describe(self) -> str:
-        if self.mean is not None:
-            return f"simulated accept mean={self.mean:g}"
-        return "simulated accept probs=(" + ", ".join(f"{x:.3f}" for x in self.probs) + ")"
 
 
 def draw_accept_lens(table: jax.Array, keys: jax.Array) -> jax.Array:

@@ -213,15 +213,13 @@ def plain_step(target, opts: EngineOptions, state: DecodeState) -> DecodeState:
     )
 
 
-def adaptive_step(target, drafter, opts: EngineOptions, state: DecodeState, force_mode=None) -> DecodeState:
+def adaptive_step(target, drafter, opts: EngineOptions, state: DecodeState) -> DecodeState:
     """One round of adaptive speculation (``Engine.run_step``; the compiled loop is ``decode_loop``):
     ``policy.choose_mode`` picks plain decoding (mode 0) or draft shape ``opts.specs[m - 1]``, one
     ``lax.switch`` runs that round, and the round's mean accept length over its active requests updates the
-    policy state. ``force_mode`` (traced ``i32[]``, ``-1`` = the policy's choice) forces a mode."""
+    policy state."""
     ps = state.policy
     mode = choose_mode(opts.adaptive, ps)
-    if force_mode is not None:
-        mode = jnp.where(force_mode >= 0, force_mode, mode)
     new = jax.lax.switch(mode, _mode_branches(target, drafter, opts), state)
     return dataclasses.replace(new, policy=update_policy(opts.adaptive, ps, mode, _round_accept(state, new)))
 
@@ -267,10 +265,11 @@ def decode_loop(target, drafter, opts: EngineOptions, state: DecodeState, force_
     return jax.lax.while_loop(live, lambda c: jax.lax.switch(pick(c[0]), segments, c), (state, jnp.int32(0)))[0]
 
 
-def decode_step(target, drafter, opts: EngineOptions, state: DecodeState, force_mode=None) -> DecodeState:
-    """The loop body of an engine: ``adaptive_step``, ``spec_step`` or ``plain_step`` by ``opts``."""
+def decode_step(target, drafter, opts: EngineOptions, state: DecodeState) -> DecodeState:
+    """One round of an engine (``Engine.run_step``, and the body of the fixed-shape ``decode_loop``):
+    ``adaptive_step``, ``spec_step`` or ``plain_step`` by ``opts``."""
     if opts.adaptive is not None:
-        return adaptive_step(target, drafter, opts, state, force_mode)
+        return adaptive_step(target, drafter, opts, state)
     return plain_step(target, opts, state) if drafter is None else spec_step(target, drafter, opts, state)
 
 
