@@ -229,6 +229,24 @@ def profile_plain(eng, state, reps: int) -> dict:
                 top=[(k[:90], round(v, 2)) for k, v in top[:30]])
 
 
+def profile_loop(eng, state, rounds: int) -> dict:
+    """Per-kernel device time of one whole ``Engine.run_decode`` from ``state`` (CUPTI), per round: what the
+    round's kernels add up to next to its wall time (the rest is launch gaps and the loop's host round trips)."""
+    import jax
+
+    out = []
+
+    def call():
+        out.append(eng.run_decode(state))
+
+    per = cupti_kernels(call, lambda: jax.block_until_ready(out[-1] if out else None), max(1, rounds), calls=1)
+    if per is None:
+        return {}
+    top = sorted(per.items(), key=lambda kv: -kv[1])
+    return dict(total_us=sum(per.values()), kernels_per_round=cupti_kernels.last_count, groups=kernel_groups(per),
+                top=[(k[:90], round(v, 2)) for k, v in top[:24]])
+
+
 # ---------------------------------------------------------------------------------------------- real pair
 def pair_accept_histogram(spec, prompts: int = 8, max_new: int = 64) -> dict:
     """Accept-length histogram of the shipped tiny pair (greedy, ``Engine.run_step`` round by round; a head

@@ -39,7 +39,8 @@ import sys
 import time
 
 import _cli
-from _e2e_parts import ab_old_linear, breakdown, pair_accept_histogram, plain_forward_ms, prefilled, profile_plain
+from _e2e_parts import (ab_old_linear, breakdown, pair_accept_histogram, plain_forward_ms, prefilled, profile_loop,
+                        profile_plain)
 
 BATCHES = "1,8,32,128"
 CONTEXTS = "1024,4096"
@@ -65,6 +66,8 @@ def _parse(argv):
                          "and 1b at batch 32 x 1024 (no breakdown), --max-new 16, --repeats 1")
     ap.add_argument("--tiny", action="store_true", help="CPU-sized models and grid (tests; < 1 min on CPU)")
     ap.add_argument("--probe", action="store_true", help="plain 8b decode only, with a per-kernel CUPTI profile")
+    ap.add_argument("--profile", action="store_true",
+                    help="per-kernel CUPTI profile of a whole decode loop (plain, and sim mean 3.0) at --breakdown batches")
     ap.add_argument("--ab-linear", action="store_true",
                     help="also time the plain forward of the breakdown batches with the previous Linear (einsum at "
                          "precision HIGHEST, no single-row padding) for an A/B of decoder._dot16")
@@ -197,11 +200,12 @@ def bench_model(name, cfg, args, gbps, pairs, rows, dtype, kv_dtype):
                 t0 = time.perf_counter()
                 if spec is None:
                     measured = {"-": run_loop(eng, batch, context, args.max_new, args.repeats)}
+                    loop_engines = {"-": eng}
                 else:  # one engine per simulated setting; the setting is a value of the state: one compile
-                    measured = {}
+                    measured, loop_engines = {}, {}
                     for lab, mean, probs in settings:
                         sim = SimulatedAccept(probs=probs) if probs is not None else SimulatedAccept(mean=mean)
-                        e2 = Engine(model, drafter, simulate_accept=sim, **kw)
+                        e2 = loop_engines[lab] = Engine(model, drafter, simulate_accept=sim, **kw)
                         measured[lab] = run_loop(e2, batch, context, args.max_new, args.repeats)
                     first_compile = max(m["compile_s"] for m in measured.values())
                     for m in measured.values():
@@ -221,6 +225,13 @@ def bench_model(name, cfg, args, gbps, pairs, rows, dtype, kv_dtype):
                     else:
                         parts = breakdown(eng, st, args.reps)
                     del st
+                    lab = "-" if spec is None else "sim mean 3.0"
+                    if args.profile and lab in loop_engines:
+                        st = prefilled(loop_engines[lab], batch, context, args.max_new)
+                        prof = profile_loop(loop_engines[lab], st, measured[lab]["rounds"])
+                        if prof:
+                            parts["loop_profile"] = dict(prof, ms_round=measured[lab]["ms_round"])
+                        del st
                 roof = roofline_ms(wb, model, spec, batch, context, gbps)
                 for lab, mean, _ in settings:
                     m = measured[lab]
@@ -402,6 +413,15 @@ def main(argv=None) -> int:
         if "verify_ms_old_linear" in r:
             print(f"A/B plain forward {r['model']} batch {r['batch']} ctx {r['context']}: {r['verify_ms']:.3f} ms "
                   f"(Linear via decoder._dot16) vs {r['verify_ms_old_linear']:.3f} ms (previous einsum, HIGHEST)")
+    for r in rows:
+        p = r.get("loop_profile")
+        if p and r["sim"] in ("-", "engine sim mean 3.0"):
+            print(f"\nCUPTI decode loop {r['model']} {r['config']} batch {r['batch']} ctx {r['context']} ({r['sim']}): "
+                  f"kernels {p['total_us'] / 1e3:.3f} ms of {p['ms_round']:.3f} ms per round, "
+                  f"{p['kernels_per_round']:.0f} kernels per round; groups "
+                  + ", ".join(f"{k} {v:.0f}" for k, v in sorted(p["groups"].items())))
+            for k, v in p["top"]:
+                print(f"   {v:9.1f} us  {k}")
     for r in rows:
         if "profile" in r and r["profile"]:
             p = r["profile"]
