@@ -66,6 +66,9 @@ def _parse(argv):
                          "and 1b at batch 32 x 1024 (no breakdown), --max-new 16, --repeats 1")
     ap.add_argument("--tiny", action="store_true", help="CPU-sized models and grid (tests; < 1 min on CPU)")
     ap.add_argument("--probe", action="store_true", help="plain 8b decode only, with a per-kernel CUPTI profile")
+    ap.add_argument("--draft-vocab", default="0",
+                    help="comma list of draft vocabulary sizes for the speculative rows (0 = the full vocabulary; N = "
+                         "the draft head scores N tokens, with_draft_vocab, as EAGLE-3's 32000 for Llama 3)")
     ap.add_argument("--profile", action="store_true",
                     help="per-kernel CUPTI profile of a whole decode loop (plain, and sim mean 3.0) at --breakdown batches")
     ap.add_argument("--ab-linear", action="store_true",
@@ -102,15 +105,32 @@ def make_model(cfg, steps: int, dtype, kv_dtype):
 
 
 def weight_bytes(model) -> dict:
-    """Bytes one target forward / one draft forward reads from weights."""
+    """Bytes one target forward / one draft forward reads from weights (the draft head: the reduced one of a
+    ``with_draft_vocab`` model)."""
     from flax import nnx
 
-    def size(tree):
-        return sum(x.size * x.dtype.itemsize for x in __import__("jax").tree.leaves(nnx.state(tree, nnx.Param)))
+    def size(tree, what=nnx.Param):
+        return sum(x.size * x.dtype.itemsize for x in __import__("jax").tree.leaves(nnx.state(tree, what)))
 
     head = size(model.norm) + (size(model.lm_head) if model.lm_head is not None else size(model.embed_tokens))
+    dk = None if model.draft_head is None else model.draft_head.kernel[...]
+    dhead = head if dk is None else size(model.norm) + dk.size * dk.dtype.itemsize
     layers = size(model.layers)
-    return dict(target=layers + head, draft=size(model.mtp_layers[0]) + head, total=size(model))
+    return dict(target=layers + head, draft=size(model.mtp_layers[0]) + dhead, total=size(model))
+
+
+def draft_vocab_models(model, sizes: list[int]) -> dict:
+    """``{size: model}``: the model itself for 0 (or >= V), else ``with_draft_vocab(model, arange(size))`` (with
+    random weights and simulated acceptance, which tokens are in the set does not matter)."""
+    import numpy as np
+
+    from jaxspec.models import with_draft_vocab
+
+    return {n: model if n == 0 or n >= model.vocab_size else with_draft_vocab(model, np.arange(n)) for n in sizes}
+
+
+def _label(cname: str, dv: int) -> str:
+    return cname if dv == 0 else f"{cname}/{dv // 1000}k" if dv % 1000 == 0 else f"{cname}/{dv}"
 
 
 # ---------------------------------------------------------------------------------------------- grid
@@ -185,17 +205,24 @@ def bench_model(name, cfg, args, gbps, pairs, rows, dtype, kv_dtype):
     contexts = [int(x) for x in args.contexts.split(",")]
     width = -(-(max(contexts) + args.max_new + 32) // args.page_size) * args.page_size
     brk = {int(x) for x in args.breakdown.split(",") if x}
+    heads = draft_vocab_models(model, [int(x) for x in args.draft_vocab.split(",")])
+    for dv, head in heads.items():
+        if dv:
+            print(f"[{name}] draft vocabulary {dv} tokens (with_draft_vocab): draft forward reads "
+                  f"{weight_bytes(head)['draft'] / 2**30:.2f} GiB", flush=True)
     plain_ms = {}
     for batch in [int(x) for x in args.batches.split(",")]:
-        for cname in args.configs.split(","):
+        for cname, dv in [(c, dv) for c in args.configs.split(",") for dv in (heads if c != "plain" else [0])]:
+            head = heads.get(dv, model)
             if cname == "adaptive":
-                adaptive_rows(model, wb, name, batch, contexts, width, args, gbps, plain_ms, rows, pairs)
+                adaptive_rows(head, weight_bytes(head), name, batch, contexts, width, args, gbps, plain_ms, rows,
+                              pairs, dv)
                 continue
             spec = specs[cname]
-            drafter = None if spec is None else MTPDrafter(model)
+            drafter = None if spec is None else MTPDrafter(head)
             settings = [("-", 1.0, None)] if spec is None else _sims(spec, pairs.get(cname))
             kw = dict(spec=spec, max_context=width, page_size=args.page_size, max_batch=batch)
-            eng = Engine(model, drafter, **kw)  # plain rows, and the breakdown's shapes
+            eng = Engine(head, drafter, **kw)  # plain rows, and the breakdown's shapes
             for context in contexts:
                 t0 = time.perf_counter()
                 if spec is None:
@@ -205,7 +232,7 @@ def bench_model(name, cfg, args, gbps, pairs, rows, dtype, kv_dtype):
                     measured, loop_engines = {}, {}
                     for lab, mean, probs in settings:
                         sim = SimulatedAccept(probs=probs) if probs is not None else SimulatedAccept(mean=mean)
-                        e2 = loop_engines[lab] = Engine(model, drafter, simulate_accept=sim, **kw)
+                        e2 = loop_engines[lab] = Engine(head, drafter, simulate_accept=sim, **kw)
                         measured[lab] = run_loop(e2, batch, context, args.max_new, args.repeats)
                     first_compile = max(m["compile_s"] for m in measured.values())
                     for m in measured.values():
@@ -232,7 +259,7 @@ def bench_model(name, cfg, args, gbps, pairs, rows, dtype, kv_dtype):
                         if prof:
                             parts["loop_profile"] = dict(prof, ms_round=measured[lab]["ms_round"])
                         del st
-                roof = roofline_ms(wb, model, spec, batch, context, gbps)
+                roof = roofline_ms(weight_bytes(head), model, spec, batch, context, gbps)
                 for lab, mean, _ in settings:
                     m = measured[lab]
                     if spec is None:
@@ -242,7 +269,7 @@ def bench_model(name, cfg, args, gbps, pairs, rows, dtype, kv_dtype):
                         tok_s, acc, sim = m["tok_s"], m["accept"], f"engine {lab}"
                     pms = plain_ms.get((batch, context))
                     base = None if pms is None else batch / (pms * 1e-3)
-                    row = dict(model=name, config=cname, batch=batch, context=context, sim=sim, accept=acc,
+                    row = dict(model=name, config=cname, draft_vocab=dv, batch=batch, context=context, sim=sim, accept=acc,
                                tok_s=tok_s, ms_round=m["ms_round"], measured_accept=m["accept"],
                                roofline_ms=roof, x_roof=m["ms_round"] / roof, compile_s=m["compile_s"],
                                speedup=None if base is None else tok_s / base,
@@ -254,11 +281,11 @@ def bench_model(name, cfg, args, gbps, pairs, rows, dtype, kv_dtype):
                 print(f"    ({time.perf_counter() - t0:.1f} s)", flush=True)
             del eng
             gc.collect()
-    del model
+    del model, heads
     gc.collect()
 
 
-def adaptive_rows(model, wb, name, batch, contexts, width, args, gbps, plain_ms, rows, pairs):
+def adaptive_rows(model, wb, name, batch, contexts, width, args, gbps, plain_ms, rows, pairs, dv=0):
     """Rows of ``Engine(spec=(chain, tree), adaptive=True)`` at each simulated mean: the round costs of plain /
     chain / tree are calibrated at this batch and context first (``Engine.calibrate``, one decode executable
     for calibration and the timed loop), then the policy chooses per round; ``modes`` = rounds per mode."""
@@ -282,7 +309,8 @@ def adaptive_rows(model, wb, name, batch, contexts, width, args, gbps, plain_ms,
             m = run_loop(eng, batch, context, args.max_new, args.repeats)
             pms = plain_ms.get((batch, context))
             base = None if pms is None else batch / (pms * 1e-3)
-            row = dict(model=name, config="adaptive", batch=batch, context=context, sim=f"engine sim mean {mean:.1f}",
+            row = dict(model=name, config="adaptive", draft_vocab=dv, batch=batch, context=context,
+                       sim=f"engine sim mean {mean:.1f}",
                        accept=m["accept"], tok_s=m["tok_s"], ms_round=m["ms_round"], measured_accept=m["accept"],
                        roofline_ms=roofline_ms(wb, model, None, batch, context, gbps), compile_s=m["compile_s"],
                        speedup=None if base is None else m["tok_s"] / base,
@@ -307,18 +335,21 @@ def adaptive_summary(rows):
             continue
         mean = r["sim"].split()[-1]
         same = [x for x in rows if (x["model"], x["batch"], x["context"]) == (r["model"], r["batch"], r["context"])]
+        dv = r.get("draft_vocab", 0)
         fixed = {x["config"]: x["tok_s"] for x in same
-                 if x["config"] == "plain" or (x["config"] in ADAPTIVE_SPECS and x["sim"].endswith(f"mean {mean}"))}
+                 if x["config"] == "plain" or (x["config"] in ADAPTIVE_SPECS and x.get("draft_vocab", 0) == dv
+                                               and x["sim"].endswith(f"mean {mean}"))}
         if not fixed:
             continue
         best = max(fixed, key=fixed.get)
-        out.append(dict(model=r["model"], batch=r["batch"], context=r["context"], mean=mean, tok_s=r["tok_s"],
+        out.append(dict(model=r["model"], draft_vocab=dv, batch=r["batch"], context=r["context"], mean=mean,
+                        tok_s=r["tok_s"],
                         vs_plain=r["tok_s"] / fixed["plain"] if "plain" in fixed else None, best=best,
                         vs_best=r["tok_s"] / fixed[best], modes=r.get("mode_rounds")))
     return out
 
 
-HEADER = (f"{'model':<5} {'config':<6} {'batch':>5} {'ctx':>5} {'accept (sim)':<26} {'tok/s':>10} {'x plain':>7} "
+HEADER = (f"{'model':<5} {'config':<10} {'batch':>5} {'ctx':>5} {'accept (sim)':<26} {'tok/s':>10} {'x plain':>7} "
           f"{'eff':>5} {'ms/round':>8} {'roof ms':>7} {'x roof':>6} {'draft':>6} {'verify':>6} {'book':>6} {'compile s':>9}")
 
 
@@ -328,7 +359,7 @@ def _f(x, fmt):
 
 def _print_row(r):
     acc = f"{r['accept']:.2f} ({r['sim']})" if r["config"] != "plain" else "1.00"
-    print(f"{r['model']:<5} {r['config']:<6} {r['batch']:>5} {r['context']:>5} {acc:<26} {r['tok_s']:>10,.0f} "
+    print(f"{r['model']:<5} {_label(r['config'], r.get('draft_vocab', 0)):<10} {r['batch']:>5} {r['context']:>5} {acc:<26} {r['tok_s']:>10,.0f} "
           f"{_f(r['speedup'], '.2f'):>7} {_f(r['efficiency'], '.2f'):>5} {r['ms_round']:>8.3f} {r['roofline_ms']:>7.3f} "
           f"{r['x_roof']:>6.2f} {_f(r.get('draft_ms'), '.3f'):>6} {_f(r.get('verify_ms'), '.3f'):>6} "
           f"{_f(r.get('bookkeeping_ms'), '.3f'):>6} {r['compile_s']:>9.1f}", flush=True)
@@ -347,9 +378,10 @@ def plot(rows, path):
     fig, axes = plt.subplots(1, len(keys), figsize=(5 * len(keys), 4), squeeze=False)
     for ax, (m, c) in zip(axes[0], keys):
         sel = [r for r in rows if r["model"] == m and r["context"] == c]
-        lines = sorted({(r["config"], r["sim"]) for r in sel})
+        lines = sorted({(_label(r["config"], r.get("draft_vocab", 0)), r["sim"]) for r in sel})
         for cfg, sim in lines:
-            pts = sorted((r["batch"], r["tok_s"]) for r in sel if (r["config"], r["sim"]) == (cfg, sim))
+            pts = sorted((r["batch"], r["tok_s"]) for r in sel
+                         if (_label(r["config"], r.get("draft_vocab", 0)), r["sim"]) == (cfg, sim))
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=f"{cfg} {sim}".replace(" -", ""))
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
@@ -406,7 +438,7 @@ def main(argv=None) -> int:
     if summary:
         print("\nadaptive vs fixed configs (targets: >= 0.97x plain, within 5% of the best fixed config)")
         for a in summary:
-            print(f"  {a['model']} batch {a['batch']:>4} ctx {a['context']:>5} sim mean {a['mean']}: "
+            print(f"  {_label(a['model'], a['draft_vocab'])} batch {a['batch']:>4} ctx {a['context']:>5} sim mean {a['mean']}: "
                   f"{a['tok_s']:>10,.0f} tok/s = {_f(a['vs_plain'], '.3f')}x plain, {a['vs_best']:.3f}x the best fixed "
                   f"({a['best']}); rounds plain/chain/tree {a['modes']}")
     for r in rows:
@@ -416,7 +448,7 @@ def main(argv=None) -> int:
     for r in rows:
         p = r.get("loop_profile")
         if p and r["sim"] in ("-", "engine sim mean 3.0"):
-            print(f"\nCUPTI decode loop {r['model']} {r['config']} batch {r['batch']} ctx {r['context']} ({r['sim']}): "
+            print(f"\nCUPTI decode loop {r['model']} {_label(r['config'], r.get('draft_vocab', 0))} batch {r['batch']} ctx {r['context']} ({r['sim']}): "
                   f"kernels {p['total_us'] / 1e3:.3f} ms of {p['ms_round']:.3f} ms per round, "
                   f"{p['kernels_per_round']:.0f} kernels per round; groups "
                   + ", ".join(f"{k} {v:.0f}" for k, v in sorted(p["groups"].items())))

@@ -162,6 +162,11 @@ class MTPHead(Protocol):
     position (the target's ``hidden`` for ``s == 0``, step ``s - 1``'s after) and the *next* token. A head
     may run more steps than it has weight layers (``jaxspec.models.MTPModel`` reuses its last layer's
     weights, as SGLang does); each step still has its own KV layer.
+
+    Optional: ``draft_token_ids`` (``i32[Vd]`` or ``None``). A head whose draft logits cover a reduced vocabulary
+    (EAGLE-3's ``draft_vocab_size``, SGLang's ``speculative_token_map``; ``jaxspec.models.with_draft_vocab``)
+    sets it: logit column ``j`` of ``mtp_forward`` is token ``draft_token_ids[j]``, and the drafter maps its
+    picks through it (a sampled chain's distributions are scattered back to the full vocabulary, zero elsewhere).
     """
 
     num_draft_steps: int  # S_max: the drafter can run ``spec.num_steps <= num_draft_steps`` steps

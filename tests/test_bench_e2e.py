@@ -1,5 +1,5 @@
 """``bench/e2e.py --tiny`` (the end-to-end bench's CPU path): every config produces rows with the fields the
-report needs, simulated rows say so, adaptive rows record their modes and calibrated costs, and the tiny
+report needs, simulated rows say so, speculative rows run per draft vocabulary, adaptive rows record their modes and calibrated costs, and the tiny
 pair's accept-length histograms are recorded. Slow (CPU compiles of four decode loops and the breakdown
 pieces)."""
 
@@ -16,7 +16,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 @pytest.mark.slow
 def test_e2e_tiny_rows(tmp_path):
     out = tmp_path / "e2e.json"
-    r = subprocess.run([sys.executable, str(ROOT / "bench" / "e2e.py"), "--tiny", "--json", str(out)],
+    r = subprocess.run([sys.executable, str(ROOT / "bench" / "e2e.py"), "--tiny", "--draft-vocab", "0,300", "--json", str(out)],
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     d = json.loads(out.read_text())
@@ -36,5 +36,11 @@ def test_e2e_tiny_rows(tmp_path):
         else:
             assert "sim" in row["sim"]  # every simulated row says so
             assert {"draft_ms", "verify_ms", "bookkeeping_ms"} <= set(row)
+    # every speculative config ran with the full and with a 300-token draft vocabulary; the reduced draft head
+    # reads less, so its roofline is lower
+    for cname in ("chain", "tree", "adaptive"):
+        assert {r["draft_vocab"] for r in rows if r["config"] == cname} == {0, 300}
+    roof = {r["draft_vocab"]: r["roofline_ms"] for r in rows if r["config"] == "chain" and r["sim"].endswith("mean 3.0")}
+    assert roof[300] < roof[0]
     sims = {r["sim"] for r in rows if r["config"] == "chain"}
     assert any("mean 2.0" in s for s in sims) and any("mean 3.0" in s for s in sims) and any("pair" in s for s in sims)

@@ -16,6 +16,7 @@ from jaxspec.models.mtp_drafter import MTPDrafter as MTPDrafter
 from jaxspec.models.mtp_drafter import MTPDraftState as MTPDraftState
 from jaxspec.models.mtp import MTPModel as MTPModel
 from jaxspec.models.mtp import add_mtp_layers as add_mtp_layers
+from jaxspec.models.mtp import with_draft_vocab as with_draft_vocab
 from jaxspec.models.vocab import MockVocab as MockVocab
 from jaxspec.protocols import PagedKVCache as PagedKVCache
 from jaxspec.protocols import make_req_to_token as make_req_to_token

@@ -16,6 +16,7 @@ run" and the draft cache's layer count; checkpoints store the weight layers only
 """
 
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from jaxspec.models.config import DecoderConfig
@@ -36,6 +37,21 @@ class MTPLayer(nnx.Module):
     def __call__(self, h_prev, emb, meta: AttentionMetadata, cache: PagedKVCache | None, layer: int):
         x = jnp.concatenate([self.enorm(emb), self.hnorm(h_prev)], axis=-1)
         return self.block(self.eh_proj(x), meta, cache, layer)
+
+
+class DraftVocab(nnx.Variable):
+    """Arrays of a reduced draft vocabulary: derived from the LM head, not checkpoint parameters (``nnx.Param``
+    filters, e.g. ``save_model`` and training, skip them)."""
+
+
+class DraftHead(Linear):
+    """The LM head restricted to ``token_ids``: ``kernel [D, Vd]`` = the head's columns of those tokens, and
+    ``token_ids i32[Vd]`` (logit column ``j`` is token ``token_ids[j]``). Computes as ``Linear``."""
+
+    def __init__(self, kernel, token_ids):  # noqa: D107 - no Linear.__init__: the kernel is given
+        self.kernel = DraftVocab(kernel)
+        self.bias = None
+        self.token_ids = DraftVocab(token_ids)
 
 
 class MTPModel(Decoder):
@@ -59,6 +75,16 @@ class MTPModel(Decoder):
             raise ValueError(f"num_draft_steps: expected an int >= num_mtp_layers ({n}), got {steps!r}")
         self.mtp_layers = nnx.List([MTPLayer(cfg, dtype=param_dtype, rngs=rngs) for _ in range(n)])
         self.num_draft_steps = steps
+        self.draft_head = None  # with_draft_vocab: the LM head of the draft steps over a reduced vocabulary
+
+    @property
+    def draft_token_ids(self):
+        """``i32[Vd]``: the token of each draft logit column (``with_draft_vocab``), or ``None`` (full vocabulary)."""
+        return None if self.draft_head is None else self.draft_head.token_ids[...]
+
+    def draft_logits(self, h):
+        """The draft steps' head: ``logits`` over the full vocabulary, or over ``draft_token_ids``."""
+        return self.logits(h) if self.draft_head is None else self.draft_head(self.norm(h))
 
     @property
     def num_mtp_layers(self) -> int:
@@ -82,16 +108,17 @@ class MTPModel(Decoder):
         """Draft step ``step`` (static): ``h_prev [B, Q, D]`` (pre-norm), ``tokens i32[B, Q]`` (the next tokens)
         -> ``(logits f32[B, Q, V], hidden f32[B, Q, D], cache)``. Runs MTP weight layer
         ``mtp_layer_of_step(step)``; K/V go to layer ``step`` of ``cache``. ``rows`` (``i32[R]`` indices into
-        the ``B * Q`` flattened rows): logits ``f32[R, V]`` of those rows only."""
+        the ``B * Q`` flattened rows): logits ``f32[R, V]`` of those rows only. With a reduced draft vocabulary
+        (``with_draft_vocab``) the logits are ``[..., Vd]``, column ``j`` the token ``draft_token_ids[j]``."""
         if not 0 <= step < self.num_draft_steps:
             raise ValueError(f"step: expected a draft step in [0, {self.num_draft_steps}), got {step}")
         x, cache = self.mtp_layers[self.mtp_layer_of_step(step)](h_prev, self.embed(tokens), meta, cache, step)
         if rows is None:
-            return self.logits(x), x, cache
+            return self.draft_logits(x), x, cache
         if rows.ndim != 1:
             raise ValueError(f"rows: expected i32[R] indices into the B * Q = {x.shape[0] * x.shape[1]} rows, "
                              f"got shape {rows.shape}")
-        return self.logits(x.reshape(-1, x.shape[-1])[rows]), x, cache
+        return self.draft_logits(x.reshape(-1, x.shape[-1])[rows]), x, cache
 
 
 def add_mtp_layers(target: Decoder, num_mtp_layers: int, *, rngs: nnx.Rngs,
@@ -105,3 +132,26 @@ def add_mtp_layers(target: Decoder, num_mtp_layers: int, *, rngs: nnx.Rngs,
                      num_mtp_layers=num_mtp_layers, num_draft_steps=num_draft_steps)
     nnx.update(model, nnx.state(target, nnx.Param))
     return model
+
+
+def with_draft_vocab(model: MTPModel, token_ids) -> MTPModel:
+    """``model`` whose draft steps score only ``token_ids`` (``i32[Vd]``, distinct, in ``[0, vocab_size)``; e.g.
+    the ``Vd`` most frequent tokens of the serving traffic, FR-Spec, or an EAGLE-3 checkpoint's ``d2t`` map as
+    ``arange(Vd) + d2t``). The target forward is unchanged. Returns a new module sharing ``model``'s weight
+    arrays; the reduced head (``[D, Vd]``, a copy of the LM head's columns) is its own array."""
+    ids = np.asarray(token_ids)
+    v = model.vocab_size
+    if ids.ndim != 1 or ids.size == 0 or not np.issubdtype(ids.dtype, np.integer):
+        raise ValueError(f"token_ids: expected a non-empty 1-D integer array, got {ids.dtype}{list(ids.shape)}")
+    if ids.min() < 0 or ids.max() >= v:
+        raise ValueError(f"token_ids: expected ids in [0, {v}) (the vocabulary), got [{ids.min()}, {ids.max()}]")
+    if np.unique(ids).size != ids.size:
+        raise ValueError("token_ids: expected distinct ids (a draft vocabulary lists each token once)")
+    ids = jnp.asarray(ids, jnp.int32)
+    new = nnx.merge(*nnx.split(model))
+    if model.lm_head is not None:
+        kernel = model.lm_head.kernel[...][:, ids]
+    else:  # tied: logits = h @ embed.T
+        kernel = model.embed_tokens[...][ids].T
+    new.draft_head = nnx.data(DraftHead(kernel, ids))
+    return new

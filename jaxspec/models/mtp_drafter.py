@@ -24,6 +24,10 @@ row of the last committed target hidden (position ``seq_lens - 1``), attending t
 KV (positions ``< seq_lens - 1``) plus themselves, writing no KV; then ``organize_draft_results``. The S-1
 beam forwards are traced in a Python loop (each step may be a different MTP layer and reads its own KV
 layer).
+
+Reduced draft vocabulary: a head with ``draft_token_ids`` (``MTPHead``; ``jaxspec.models.with_draft_vocab``)
+scores ``Vd`` tokens; every top-k index and sampled index is mapped through it to a token id, and sampled
+distributions are scattered back to the full vocabulary (zero off the draft vocabulary).
 """
 
 import dataclasses
@@ -59,9 +63,18 @@ class MTPDraftState:
     draft_probs: jax.Array | None = None
 
 
-def _topk(logits: jax.Array, k: int):
-    """The draft's softmax, then SGLang's ``fast_topk`` (first index on ties)."""
-    return fast_topk(jax.nn.softmax(logits.astype(jnp.float32), axis=-1), k)
+def _topk(logits: jax.Array, k: int, token_ids=None):
+    """The draft's softmax, then SGLang's ``fast_topk`` (first index on ties); with a reduced draft vocabulary
+    (``token_ids i32[Vd]``, the head's ``draft_token_ids``) the indices are mapped to token ids."""
+    p, idx = fast_topk(jax.nn.softmax(logits.astype(jnp.float32), axis=-1), k)
+    return (p, idx) if token_ids is None else (p, token_ids[idx])
+
+
+def _full_vocab(q: jax.Array, token_ids, vocab_size: int) -> jax.Array:
+    """A draft distribution ``f32[B, Vd]`` over the reduced vocabulary as ``f32[B, V]`` (zero elsewhere)."""
+    if token_ids is None:
+        return q
+    return jnp.zeros((q.shape[0], vocab_size), q.dtype).at[:, token_ids].set(q)
 
 
 @jax.tree_util.register_dataclass
@@ -91,6 +104,10 @@ class MTPDrafter:
     def _kw(self):
         return dict(implementation=self.implementation, interpret=self.interpret)
 
+    def _token_ids(self):
+        """The head's reduced draft vocabulary (``MTPHead.draft_token_ids``, optional), or ``None``."""
+        return getattr(self.head, "draft_token_ids", None)
+
     # ---------------------------------------------------------------- host side
     def kv_bytes_per_slot(self, spec) -> int:
         if spec.num_steps > self.head.num_draft_steps:
@@ -99,6 +116,9 @@ class MTPDrafter:
                 f"{self.head.num_draft_steps} (num_draft_steps). An MTPModel with fewer MTP layers than steps reuses "
                 f"its last layer's weights: MTPModel(..., num_draft_steps={spec.num_steps})"
             )
+        ids = self._token_ids()
+        if ids is not None and spec.topk > ids.shape[0]:
+            raise ValueError(f"spec.topk={spec.topk} exceeds the head's draft vocabulary ({ids.shape[0]} tokens)")
         shape = jax.eval_shape(lambda: self.head.make_draft_cache(np.zeros((1, 1), np.int32), 1))
         return int(shape.k.size * shape.k.dtype.itemsize + shape.v.size * shape.v.dtype.itemsize)
 
@@ -129,19 +149,23 @@ class MTPDrafter:
             raise ValueError("sampling: this MTPDrafter was built with sample_drafts=False")
         b, q = ids.shape
         flat = ids.reshape(b * q)
+        tids = self._token_ids()
+        vocab = getattr(self.head, "vocab_size", None)
         chain_p, chain_i, chain_q = [], [], []
         first = None
         for s in range(spec.num_steps):
             # logits of the selected rows only: the LM head over all B*Q window rows would be discarded
             sel, h, cache = self.head.mtp_forward(s, h, flat.reshape(b, q), meta, cache, rows=select)
-            p, idx = _topk(sel, spec.topk)
+            p, idx = _topk(sel, spec.topk, tids)
             if self.sample_drafts:
                 if sampling is None:  # greedy batch: the argmax chain, recorded as one-hot distributions
-                    chain_q.append(jax.nn.one_hot(idx[:, 0], sel.shape[-1], dtype=jnp.float32))
+                    chain_q.append(jax.nn.one_hot(idx[:, 0], vocab, dtype=jnp.float32))
                 else:
                     qs = sampling_probs(sel[:, None], sampling.temperature, sampling.top_k, sampling.top_p)[:, 0]
                     idx = sample_from_probs(qs, sampling.coins[:, s])[:, None]
-                    chain_q.append(qs)
+                    if tids is not None:
+                        idx = tids[idx]
+                    chain_q.append(_full_vocab(qs, tids, vocab))
             if s == 0:  # carried as float32 (exact for bf16 / f16 heads; a fixed loop-carry dtype)
                 first = (p, idx, h.reshape(b * q, -1)[select].astype(jnp.float32))
             chain_p.append(p[:, :1])
@@ -195,7 +219,7 @@ class MTPDrafter:
             logits, h, _ = self.head.mtp_forward(
                 i, sel.hidden_states.reshape(b, k, d), sel.input_ids.reshape(b, k), beam_meta, state.cache
             )
-            p, idx = _topk(logits.reshape(b * k, -1), k)
+            p, idx = _topk(logits.reshape(b * k, -1), k, self._token_ids())
             sel = select_top_k_tokens(i, p, idx, h.reshape(b * k, d), sel.scores, topk=k)
             scores.append(sel.tree_info.scores)
             tokens.append(sel.tree_info.tokens)
