@@ -69,6 +69,7 @@ def _parse(argv):
     ap.add_argument("--draft-vocab", default="0",
                     help="comma list of draft vocabulary sizes for the speculative rows (0 = the full vocabulary; N = "
                          "the draft head scores N tokens, with_draft_vocab, as EAGLE-3's 32000 for Llama 3)")
+    ap.add_argument("--no-pairs", action="store_true", help="skip the tiny pair's accept histograms (no 'sim pair' rows)")
     ap.add_argument("--profile", action="store_true",
                     help="per-kernel CUPTI profile of a whole decode loop (plain, and sim mean 3.0) at --breakdown batches")
     ap.add_argument("--ab-linear", action="store_true",
@@ -412,9 +413,9 @@ def main(argv=None) -> int:
     dev = str(jax.devices()[0])
     gbps, _ = copy_ceiling_gbps(2**30 if args.device == "gpu" else 2**24)
     print(f"device {dev}; copy bandwidth {gbps:.0f} GB/s (read + write); decode loop: Engine.run_decode; "
-          "speculative rows: Engine(simulate_accept=...)", flush=True)
+          f"speculative rows: Engine(simulate_accept=...); XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}", flush=True)
     pairs = {}
-    if not args.probe:
+    if not (args.probe or args.no_pairs):
         for cname, spec in _specs().items():
             if spec is not None and cname in args.configs.split(","):
                 t0 = time.perf_counter()

@@ -44,6 +44,12 @@ for p in $PARTS; do case $p in
   # $JAXSPEC_ATTN_ORIGINALS/sglang-0.5.23/...); a missing original is reported per row, ours still timed.
   # E2E_ARGS replaces --quick (e.g. E2E_ARGS="--models 8b --batches 8 --contexts 4096" for a second call)
   e2e) run e2e ${E2E_TIMEOUT:-570} $PY bench/e2e.py ${E2E_ARGS:---quick} --json "$OUT/e2e.json" --png "$OUT/e2e.png" ;;
+  # e2e-flags: the E2E_ARGS rows once per XLA_FLAGS set in E2E_FLAG_SETS (';'-separated, '-' = none): A/B of
+  # XLA:GPU options (e.g. command buffers) on the decode loop; one log/JSON per set, e2e_flags_<i>
+  e2e-flags) i=0; IFS=';' read -ra sets <<< "${E2E_FLAG_SETS:--}"; for f in "${sets[@]}"; do
+      [ "$f" = "-" ] && f=""; echo "XLA_FLAGS set $i: '$f'"
+      XLA_FLAGS="$f" run "e2e_flags_$i" ${E2E_TIMEOUT:-200} $PY bench/e2e.py ${E2E_ARGS:---quick} --json "$OUT/e2e_flags_$i.json"
+      i=$((i + 1)); done ;;
   attention) run attention 330 $PY bench/attention.py --json "$OUT/attention.json" --png "$OUT/attention.png" ;;
   attention-quick) run attention 150 $PY bench/attention.py --quick --triton --json "$OUT/attention.json" --png "$OUT/attention.png" ;;
   *) echo "unknown part $p"; fail=1 ;;
