@@ -117,3 +117,24 @@ def test_mock_vocab():
     assert v.encode("\n")[0] == v.eos_id
     with pytest.raises(ValueError, match="not in the vocabulary"):
         v.encode("ABC")
+
+
+def test_bf16_single_row_equals_its_row_in_a_batch():
+    """A 16-bit batch-1 decode runs each layer's norms and projections on two rows (a zero row appended,
+    ``decoder._with_zero_row``): its outputs equal row 0 of a batch-2 forward whose first row is the same
+    token, and keep the ``[1, 1, ...]`` shapes. Dense forward (no cache), bf16 weights, f32 accumulation; both
+    sides are the same 2-row products, so the tolerance is float32 rounding only."""
+    from jaxspec.models import Decoder
+
+    m = Decoder(CFG, rngs=nnx.Rngs(7), param_dtype=jnp.bfloat16, kv_dtype=jnp.bfloat16)
+
+    def meta(b):
+        return AttentionMetadata(positions=jnp.full((b, 1), 5, jnp.int32), qmask=causal_qmask(b, 1),
+                                 prefix_lens=jnp.zeros((b,), jnp.int32), page_table=jnp.zeros((b, 0), jnp.int32))
+
+    one_logits, one_hidden, _ = m.forward(jnp.array([[11]], jnp.int32), meta(1), None)
+    two_logits, two_hidden, _ = m.forward(jnp.array([[11], [42]], jnp.int32), meta(2), None)
+    assert one_logits.shape == (1, 1, CFG.vocab_size) and one_hidden.shape == (1, 1, CFG.hidden_size)
+    np.testing.assert_allclose(one_hidden[0], two_hidden[0], rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(one_logits[0], two_logits[0], rtol=1e-6, atol=1e-6)
+    assert not np.allclose(two_logits[0], two_logits[1])  # the rows differ: row 1 is not a copy of row 0
