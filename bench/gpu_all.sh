@@ -12,6 +12,10 @@ OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
 export XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1 TORCHDYNAMO_DISABLE=1 JAXSPEC_TEST_GPU=1
 PARTS=${*:-env tests kernels check step decode}
 PY=python3
+# XLA:GPU options for the decode loops (README, "Performance"): command buffers (CUDA graphs) for every run of
+# kernels, however short, and for the loops and conditionals themselves. Measured on the H200 (BENCHMARKS.md):
+# the 8B chain round at batch 32 9.5 ms instead of 12.1 ms (launch gaps between small kernels).
+GPU_XLA_FLAGS="--xla_gpu_graph_min_graph_size=1 --xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,WHILE,CONDITIONAL"
 fail=0
 run() {  # run NAME TIMEOUT CMD...
   local name=$1 t=$2; shift 2
@@ -43,7 +47,8 @@ for p in $PARTS; do case $p in
   # size; `attention-quick` for the subset). SGLang's attention files come from .originals (or
   # $JAXSPEC_ATTN_ORIGINALS/sglang-0.5.23/...); a missing original is reported per row, ours still timed.
   # E2E_ARGS replaces --quick (e.g. E2E_ARGS="--models 8b --batches 8 --contexts 4096" for a second call)
-  e2e) run e2e ${E2E_TIMEOUT:-570} $PY bench/e2e.py ${E2E_ARGS:---quick} --json "$OUT/e2e.json" --png "$OUT/e2e.png" ;;
+  # The e2e part runs under GPU_XLA_FLAGS (above) unless XLA_FLAGS is set (set it empty for XLA's defaults).
+  e2e) XLA_FLAGS="${XLA_FLAGS-$GPU_XLA_FLAGS}" run e2e ${E2E_TIMEOUT:-570} $PY bench/e2e.py ${E2E_ARGS:---quick} --json "$OUT/e2e.json" --png "$OUT/e2e.png" ;;
   # e2e-flags: the E2E_ARGS rows once per XLA_FLAGS set in E2E_FLAG_SETS (';'-separated, '-' = none): A/B of
   # XLA:GPU options (e.g. command buffers) on the decode loop; one log/JSON per set, e2e_flags_<i>
   e2e-flags) i=0; IFS=';' read -ra sets <<< "${E2E_FLAG_SETS:--}"; for f in "${sets[@]}"; do
