@@ -1,6 +1,6 @@
 """Demo: greedy MTP speculative decoding vs plain decoding with the shipped demo pair.
 
-``python -m jaxspec.demo [--device cpu|gpu] [--config chain|tree|both] [--batch 1] [--max-new 128] [--repeats 5]``
+``python -m jaxspec.demo [--device cpu|gpu] [--config chain|tree|both] [--batch 1] [--max-new 128] [--repeats 10]``
 
 Loads the checkpoint directory ``jaxspec/assets/demo_pair`` (``DEMO_WEIGHTS``: a 24-layer, 32-wide target with 3
 MTP layers; or ``--weights DIR``), decodes a batch of corpus prompts of different lengths with the whole
@@ -34,7 +34,7 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--batch", type=int, default=1, help="number of prompts decoded together (default: %(default)s)")
     ap.add_argument("--max-new", type=int, default=128, help="tokens generated per prompt (default: %(default)s)")
     ap.add_argument("--page-size", type=int, default=16, help="tokens per KV cache page (default: %(default)s)")
-    ap.add_argument("--repeats", type=int, default=5,
+    ap.add_argument("--repeats", type=int, default=10,
                     help="timed runs per mode after the compile run, interleaved across modes; the table shows "
                          "the median (default: %(default)s)")
     ap.add_argument("--weights", default=None, metavar="DIR",
