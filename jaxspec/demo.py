@@ -9,8 +9,7 @@ token (prints "outputs identical", else exits 1), and prints one table row per m
 length, tokens/s, run s = median of ``--repeats`` timed runs, compile s), then each speculative mode's
 speed-up over plain decoding split into tokens per round and the cost of a round in plain decode steps.
 
-On CPU every mode runs under the same XLA:CPU options (``CPU_XLA_FLAGS``, process-wide, set before JAX starts) and,
-unless ``--all-cpus``, its timed runs pinned to one core (``pin_one_cpu``).
+On CPU every mode runs under the same XLA:CPU options (``CPU_XLA_FLAGS``, process-wide, set before JAX starts).
 """
 
 import argparse
@@ -38,9 +37,6 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--repeats", type=int, default=10,
                     help="timed runs per mode after the compile run, interleaved across modes; the table shows "
                          "the median (default: %(default)s)")
-    ap.add_argument("--all-cpus", action="store_true",
-                    help="on CPU, time every mode on all cores of the process (default: after compiling, the demo "
-                         "pins its threads, and so every mode's timed runs, to one core: see pin_one_cpu)")
     ap.add_argument("--weights", default=None, metavar="DIR",
                     help="checkpoint directory of a target + MTP pair (default: the shipped jaxspec/assets/demo_pair)")
     return ap
@@ -72,27 +68,6 @@ def cpu_xla_flags(current: str, jaxlib_version: str) -> str:
     have = {f.split("=", 1)[0] for f in current.split()}
     extra = [f"{k}={v}" for k, v in CPU_XLA_FLAGS.items() if k not in have]
     return " ".join(([current.strip()] if current.strip() else []) + extra)
-
-
-def pin_one_cpu():
-    """Pin every thread of this process (JAX's CPU thread pool included; threads started later inherit it) to one
-    core of its affinity set, the highest-numbered; returns that core, or ``None`` where the OS offers no per-thread
-    affinity (``/proc/self/task``, ``os.sched_setaffinity``).
-
-    Batch-1 decoding of the demo's model is a chain of ~1000 small XLA ops per step, too small to share; XLA:CPU
-    still hands independent ones to a second thread, and on a shared 2-core CPU each hand-off can wait for that
-    core (measured, chain-only demo, one core vs both: plain 2983 / 3131 vs 2027 / 2539 tokens/s, chain 5106 /
-    5516 vs 3185 / 4788). The demo calls it after compiling every mode (compiles keep both cores) and before the
-    timed runs, so every mode runs pinned alike."""
-    if not hasattr(os, "sched_setaffinity") or not os.path.isdir("/proc/self/task"):
-        return None
-    cpu = max(os.sched_getaffinity(0))
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            os.sched_setaffinity(int(tid), {cpu})
-        except OSError:  # a thread that ended meanwhile
-            pass
-    return cpu
 
 
 # Why the speed-up grows with the target's size (printed under the table).
@@ -147,7 +122,6 @@ def main(argv=None) -> int:
             jax.block_until_ready(eng.run(*eng.prepare(prompts, args.max_new)).out_tokens)  # compile + warm-up
             compile_s[name] = time.perf_counter() - t0
             bar.update()
-        pinned = pin_one_cpu() if args.device == "cpu" and not args.all_cpus else None
         for _ in range(args.repeats):  # interleaved, so a change in the machine's load hits every mode alike
             for name, eng in engines.items():
                 bar.set_postfix_str(f"run {name}")
@@ -167,8 +141,6 @@ def main(argv=None) -> int:
         if not same:
             bad = [i for i, (a, b) in enumerate(zip(results[name].tokens, plain.tokens)) if not np.array_equal(a, b)]
             print(f"{name}: outputs DIFFER from plain decoding for requests {bad}")
-    if args.device == "cpu":
-        print("timed runs (every mode): " + ("all cores" if pinned is None else f"threads pinned to CPU {pinned}"))
     print()
     print(f"{'mode':<8}{'accept len':>12}{'tokens/s':>12}{'run s':>10}{'compile s':>11}")
     for name, res in results.items():
