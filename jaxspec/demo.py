@@ -1,13 +1,15 @@
 """Demo: greedy MTP speculative decoding vs plain decoding with the shipped demo pair.
 
-``python -m jaxspec.demo [--device cpu|gpu] [--config chain|tree|both] [--batch 1] [--max-new 128] [--repeats 5]``
+``python -m jaxspec.demo [--device cpu|gpu] [--config chain|tree|both] [--batch 1] [--max-new 128] [--repeats 10]``
 
-Loads the checkpoint directory ``jaxspec/assets/demo_pair`` (``DEMO_WEIGHTS``: a 24-layer target with 3 MTP
-layers; or ``--weights DIR``), decodes a batch of corpus prompts of different lengths with the whole
+Loads the checkpoint directory ``jaxspec/assets/demo_pair`` (``DEMO_WEIGHTS``: a 24-layer, 32-wide target with 3
+MTP layers; or ``--weights DIR``), decodes a batch of corpus prompts of different lengths with the whole
 generation in one XLA ``while_loop`` (speculative and plain), checks the outputs are identical token for
 token (prints "outputs identical", else exits 1), and prints one table row per mode (mode, mean accept
 length, tokens/s, run s = median of ``--repeats`` timed runs, compile s), then each speculative mode's
 speed-up over plain decoding split into tokens per round and the cost of a round in plain decode steps.
+
+On CPU every mode runs under the same XLA:CPU options (``CPU_XLA_FLAGS``, process-wide, set before JAX starts).
 """
 
 import argparse
@@ -32,7 +34,7 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--batch", type=int, default=1, help="number of prompts decoded together (default: %(default)s)")
     ap.add_argument("--max-new", type=int, default=128, help="tokens generated per prompt (default: %(default)s)")
     ap.add_argument("--page-size", type=int, default=16, help="tokens per KV cache page (default: %(default)s)")
-    ap.add_argument("--repeats", type=int, default=5,
+    ap.add_argument("--repeats", type=int, default=10,
                     help="timed runs per mode after the compile run, interleaved across modes; the table shows "
                          "the median (default: %(default)s)")
     ap.add_argument("--weights", default=None, metavar="DIR",
@@ -46,6 +48,26 @@ def _parse(argv):
         if getattr(args, name) < 1:
             _parser().error(f"--{name.replace('_', '-')}: expected an int >= 1, got {getattr(args, name)}")
     return args
+
+
+# XLA:CPU options of the demo (every mode runs under them; set before JAX starts its CPU backend, so only when the
+# demo starts it). An option already in XLA_FLAGS keeps the user's value. Measured with jaxlib 0.10.2 on this repo's
+# 2-core CPU (README, "What the demo shows"): jaxlib 0.10 hands multi-row f32 matmuls (a verify forward's 4 rows)
+# to YNNPACK fusions and single rows to XLA's own dot; at the demo's 32-wide shapes the YNNPACK call costs more
+# than the matmul, and Eigen's multi-threaded dots pay a thread hand-off per tiny matmul. Added only for the
+# jaxlib versions they were measured with (XLA aborts on an option it does not know).
+CPU_XLA_FLAGS = {"--xla_cpu_experimental_ynn_fusion_type": "", "--xla_cpu_multi_thread_eigen": "false"}
+CPU_XLA_FLAGS_JAXLIB = ("0.10.",)
+
+
+def cpu_xla_flags(current: str, jaxlib_version: str) -> str:
+    """``current`` (an ``XLA_FLAGS`` value) plus the ``CPU_XLA_FLAGS`` it does not set already, for a jaxlib
+    version in ``CPU_XLA_FLAGS_JAXLIB``; else ``current`` unchanged."""
+    if not jaxlib_version.startswith(CPU_XLA_FLAGS_JAXLIB):
+        return current
+    have = {f.split("=", 1)[0] for f in current.split()}
+    extra = [f"{k}={v}" for k, v in CPU_XLA_FLAGS.items() if k not in have]
+    return " ".join(([current.strip()] if current.strip() else []) + extra)
 
 
 # Why the speed-up grows with the target's size (printed under the table).
@@ -62,6 +84,10 @@ def main(argv=None) -> int:
     args = _parse(argv)
     # Pick the platform before JAX initialises a backend.
     os.environ["JAX_PLATFORMS"] = "cpu" if args.device == "cpu" else "cuda"
+    if args.device == "cpu":
+        from importlib.metadata import version
+
+        os.environ["XLA_FLAGS"] = cpu_xla_flags(os.environ.get("XLA_FLAGS", ""), version("jaxlib"))
     import jax
     import numpy as np
     from tqdm import tqdm
@@ -81,6 +107,8 @@ def main(argv=None) -> int:
     max_context = -(-width // args.page_size) * args.page_size
     print(f"device: {jax.devices()[0]}  batch {args.batch}  prompt lengths {[len(p) for p in prompts]}  "
           f"max_new {args.max_new}  page size {args.page_size}")
+    if args.device == "cpu":
+        print(f"XLA_FLAGS (every mode): {os.environ['XLA_FLAGS'] or '(none)'}")
 
     kw = dict(max_context=max_context, page_size=args.page_size, max_batch=args.batch)
     engines = {"plain": Engine(model, None, spec=None, **kw)}

@@ -3,8 +3,9 @@
 ``python -m jaxspec.train_tiny --out DIR [--config tiny|demo] [--steps 3000] [--batch 64]``. ``--config tiny``
 (``TINY_PAIR_CONFIG``, the shipped ``jaxspec/assets/tiny_pair``: target / MTP top-1 accuracy 0.92 /
 0.93-0.94): ~70 s on one H200; on CPU use e.g. ``--steps 600 --batch 32`` (a few minutes). ``--config demo``
-(``DEMO_PAIR_CONFIG``, 24 layers, the shipped ``jaxspec/assets/demo_pair``: accuracy 0.93 / 0.94): ~3 min on
-one H200 (the shipped one: 3000 steps in 178 s, sharing the GPU with two other training runs). ``DIR`` gets
+(``DEMO_PAIR_CONFIG``, 24 layers 32 wide, the shipped ``jaxspec/assets/demo_pair``: accuracy 0.92 / 0.93-0.94):
+the shipped one is ``--config demo --steps 2500 --batch 32``, 1545 s on this repo's shared 2-core CPU (a few
+minutes on one H200). ``DIR`` gets
 ``config.json`` + ``model.safetensors`` (``jaxspec.models.checkpoint``'s layout, float32: the loaded model is
 exactly the trained one); load it with ``jaxspec.models.load_pair(DIR)`` or ``python -m jaxspec.demo
 --weights DIR``. Losses: target next-token cross-entropy, plus for MTP layer ``s`` the next-``(s+2)``-token
@@ -102,7 +103,7 @@ def _parser() -> argparse.ArgumentParser:
                     help="checkpoint directory to write (created; never defaults into the installed package)")
     ap.add_argument("--config", choices=sorted(PAIR_CONFIGS), default="tiny",
                     help="model shape: tiny (TINY_PAIR_CONFIG, 2 target layers: the tests' pair) or demo "
-                         "(DEMO_PAIR_CONFIG, 24 target layers: the demo's pair) (default: %(default)s)")
+                         "(DEMO_PAIR_CONFIG, 24 target layers, 32 wide: the demo's pair) (default: %(default)s)")
     ap.add_argument("--steps", type=int, default=3000, help="optimizer steps (default: %(default)s)")
     ap.add_argument("--batch", type=int, default=64, help="sequences per step (default: %(default)s)")
     ap.add_argument("--ctx", type=int, default=64, help="context length of a training sequence (default: %(default)s)")

@@ -2,10 +2,12 @@
 
 - ``DEFAULT_WEIGHTS`` (``jaxspec/assets/tiny_pair``, ``TINY_PAIR_CONFIG``): a 2-layer target, the pair the
   tests and examples load (``load_pair()``), small enough that every compile of it is quick.
-- ``DEMO_WEIGHTS`` (``jaxspec/assets/demo_pair``, ``DEMO_PAIR_CONFIG``): a 24-layer narrow target with the
+- ``DEMO_WEIGHTS`` (``jaxspec/assets/demo_pair``, ``DEMO_PAIR_CONFIG``): a 24-layer, 32-wide target with the
   same 3 MTP layers, the pair ``python -m jaxspec.demo`` runs: its target is deep enough that a speculative
-  round's fixed costs (3 draft layers, the round's bookkeeping) are small next to one target forward, so
-  speculation beats plain decoding on a CPU.
+  round's fixed costs (3 draft layers, the round's bookkeeping) are small next to one target forward, and
+  narrow enough that a 4-row verify forward costs little more than a 1-row decode step on a CPU (where the
+  per-op overhead of its ~40 small ops per layer dominates, not the arithmetic), so speculation beats plain
+  decoding there.
 
 ``load_pair`` / ``save_pair`` read and write them through ``jaxspec.models.checkpoint`` (the same code
 that loads a user's Hugging Face checkpoint); ``jaxspec.train_tiny --config tiny|demo`` trains either.
@@ -31,10 +33,10 @@ TINY_PAIR_CONFIG = DecoderConfig(
     model_type="llama",
 )
 
-# A 24-layer Llama target (D=64, 4 query / 2 KV heads of 16) with 3 MTP layers of the same shape, vocabulary 64.
+# A 24-layer Llama target (D=32, 2 query / 1 KV head of 16) with 3 MTP layers of the same shape, vocabulary 64.
 DEMO_PAIR_CONFIG = DecoderConfig(
-    vocab_size=64, hidden_size=64, intermediate_size=192, num_hidden_layers=24, num_attention_heads=4,
-    num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-6, rope_theta=10000.0, num_nextn_predict_layers=3,
+    vocab_size=64, hidden_size=32, intermediate_size=96, num_hidden_layers=24, num_attention_heads=2,
+    num_key_value_heads=1, head_dim=16, rms_norm_eps=1e-6, rope_theta=10000.0, num_nextn_predict_layers=3,
     model_type="llama",
 )
 
