@@ -207,16 +207,17 @@ def bench_model(name, cfg, args, gbps, pairs, rows, dtype, kv_dtype):
     width = -(-(max(contexts) + args.max_new + 32) // args.page_size) * args.page_size
     brk = {int(x) for x in args.breakdown.split(",") if x}
     heads = draft_vocab_models(model, [int(x) for x in args.draft_vocab.split(",")])
-    for dv, head in heads.items():
+    head_bytes = {dv: weight_bytes(head) for dv, head in heads.items()}
+    for dv in heads:
         if dv:
             print(f"[{name}] draft vocabulary {dv} tokens (with_draft_vocab): draft forward reads "
-                  f"{weight_bytes(head)['draft'] / 2**30:.2f} GiB", flush=True)
+                  f"{head_bytes[dv]['draft'] / 2**30:.2f} GiB", flush=True)
     plain_ms = {}
     for batch in [int(x) for x in args.batches.split(",")]:
         for cname, dv in [(c, dv) for c in args.configs.split(",") for dv in (heads if c != "plain" else [0])]:
             head = heads.get(dv, model)
             if cname == "adaptive":
-                adaptive_rows(head, weight_bytes(head), name, batch, contexts, width, args, gbps, plain_ms, rows,
+                adaptive_rows(head, head_bytes.get(dv, wb), name, batch, contexts, width, args, gbps, plain_ms, rows,
                               pairs, dv)
                 continue
             spec = specs[cname]
@@ -260,7 +261,7 @@ def bench_model(name, cfg, args, gbps, pairs, rows, dtype, kv_dtype):
                         if prof:
                             parts["loop_profile"] = dict(prof, ms_round=measured[lab]["ms_round"])
                         del st
-                roof = roofline_ms(weight_bytes(head), model, spec, batch, context, gbps)
+                roof = roofline_ms(head_bytes.get(dv, wb), model, spec, batch, context, gbps)
                 for lab, mean, _ in settings:
                     m = measured[lab]
                     if spec is None:
