@@ -33,6 +33,7 @@ def test_e2e_tiny_rows(tmp_path):
         elif row["config"] == "adaptive":  # rounds per mode (plain, chain, tree) and the calibrated costs
             assert "sim" in row["sim"] and len(row["mode_rounds"]) == 3 and sum(row["mode_rounds"]) > 0
             assert len(row["round_costs_ms"]) == 3 and min(row["round_costs_ms"]) > 0
+            assert row["tok_s_cold"] > 0 and sum(row["mode_rounds_cold"]) > 0  # the cold-start loops too
         else:
             assert "sim" in row["sim"]  # every simulated row says so
             assert {"draft_ms", "verify_ms", "bookkeeping_ms"} <= set(row)

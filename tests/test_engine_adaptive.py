@@ -17,7 +17,7 @@ from flax import nnx
 
 from jaxspec.config import SpecConfig
 from jaxspec.engine import AdaptivePolicy, Engine, SimulatedAccept
-from jaxspec.engine.policy import choose_mode, init_policy_state, update_policy
+from jaxspec.engine.policy import MAX_BACKOFF, choose_mode, init_policy_state, update_policy
 from jaxspec.engine.simulate import draw_accept_lens
 from jaxspec.models import DecoderConfig, MTPDrafter, MTPModel
 from jaxspec.round import simulated_accept_path
@@ -98,22 +98,85 @@ def test_adaptive_sampling_keeps_greedy_rows(adaptive, plain, prompts):
 def test_policy_choice_probe_and_average():
     ps = init_policy_state([1.0, 2.0, 4.0], [1.0, 4.0, 4.0])
     pol = AdaptivePolicy(ema_weight=0.5, probe_interval=3)
+    np.testing.assert_array_equal(np.asarray(ps.explored), [True, False, False])
     assert int(choose_mode(pol, ps)) == 1  # optimistic start: 4/2 beats 1/1 and 4/4
     ps = update_policy(pol, ps, jnp.int32(1), jnp.float32(3.0))  # first chain round: 3 replaces the start 4
     np.testing.assert_allclose(np.asarray(ps.accept), [1.0, 3.0, 4.0])
     np.testing.assert_array_equal(np.asarray(ps.idle), [1, 0, 1])
     np.testing.assert_array_equal(np.asarray(ps.mode_rounds), [0, 1, 0])
+    np.testing.assert_array_equal(np.asarray(ps.explored), [True, True, False])
+    np.testing.assert_array_equal(np.asarray(ps.backoff), [1, 1, 1])  # 3/2 is the best rate: no back-off
     ps = update_policy(pol, ps, jnp.int32(1), jnp.float32(0.5))  # then averaged: (3 + 0.5) / 2 = 1.75
     np.testing.assert_allclose(np.asarray(ps.accept), [1.0, 1.75, 4.0])
-    assert int(choose_mode(pol, ps)) == 0  # rate 0.875 < plain 1
-    for _ in range(2):  # plain rounds; the chain idles (2 -> 3 rounds): a probe is due, the tree never wins
-        ps = update_policy(pol, ps, jnp.int32(0), jnp.float32(1.0))
-    assert int(ps.idle[1]) == 2 and int(choose_mode(pol, ps)) == 0
-    ps = update_policy(pol, ps, jnp.int32(0), jnp.float32(1.0))
-    assert int(choose_mode(pol, ps)) == 1  # due probe: 4/2 could beat 1
+    np.testing.assert_array_equal(np.asarray(ps.backoff), [1, 2, 1])  # 0.875 lost to plain's 1: back-off doubles
+    assert int(choose_mode(pol, ps)) == 0
+
+    def plain_rounds(ps, n):
+        for _ in range(n):
+            ps = update_policy(pol, ps, jnp.int32(0), jnp.float32(1.0))
+        return ps
+
+    # The chain's probe waits probe_interval * backoff rounds of its own cost: 3 * 2 * 2 = 12 plain rounds
+    # (idle counts from its last round); the tree (4/4) can never beat plain's 1/1, so it is never probed.
+    ps = plain_rounds(ps, 11)
+    assert int(ps.idle[1]) == 11 and int(choose_mode(pol, ps)) == 0
+    ps = plain_rounds(ps, 1)
+    assert int(choose_mode(pol, ps)) == 1
+    ps = update_policy(pol, ps, jnp.int32(1), jnp.float32(1.0))  # a lost probe: (1.75 + 1) / 2, back-off 4
+    np.testing.assert_allclose(np.asarray(ps.accept), [1.0, 1.375, 4.0])
+    np.testing.assert_array_equal(np.asarray(ps.backoff), [1, 4, 1])
+    ps = plain_rounds(ps, 23)
+    assert int(choose_mode(pol, ps)) == 0  # 23 < 3 * 4 * 2
+    ps = plain_rounds(ps, 1)
+    assert int(choose_mode(pol, ps)) == 1
+    ps = update_policy(pol, ps, jnp.int32(1), jnp.float32(4.0))  # a won probe: 2.6875 / 2 > 1, back-off reset
+    np.testing.assert_array_equal(np.asarray(ps.backoff), [1, 1, 1])
+    assert int(choose_mode(pol, ps)) == 1
     ps = dataclasses.replace(ps, round_cost=jnp.asarray([1.0, 5.0, 5.0]))
     assert int(choose_mode(pol, ps)) == 0  # 4/5 can never beat plain: no probe
     np.testing.assert_allclose(np.asarray(ps.accept)[0], 1.0)  # plain's accept never moves
+
+
+def test_policy_backoff_is_capped_and_warm_start_keeps_learning():
+    pol = AdaptivePolicy(probe_interval=1)
+    ps = init_policy_state([1.0, 2.0], [1.0, 4.0])
+    for _ in range(20):  # every chain round loses to plain: the back-off doubles up to its cap
+        ps = update_policy(pol, ps, jnp.int32(1), jnp.float32(1.0))
+    assert int(ps.backoff[1]) == MAX_BACKOFF
+    warm = init_policy_state([1.0, 3.0], [1.0, 4.0], learned=ps)
+    np.testing.assert_allclose(np.asarray(warm.round_cost), [1.0, 3.0])  # the given costs, not the learned ones
+    for f in ("accept", "explored", "idle", "backoff"):
+        np.testing.assert_array_equal(np.asarray(getattr(warm, f)), np.asarray(getattr(ps, f)), err_msg=f)
+    np.testing.assert_array_equal(np.asarray(warm.mode_rounds), [0, 0])  # statistics are per call
+    assert int(choose_mode(pol, warm)) == 0  # no optimistic restart: the learned 1.0 / 3.0 loses to plain
+    with pytest.raises(ValueError, match="learned"):
+        init_policy_state([1.0, 2.0, 2.0], [1.0, 4.0, 4.0], learned=ps)
+
+
+def test_engine_warm_start(adaptive, model, prompts, plain):
+    """The engine carries a bucket's learned policy to its next call (and only with warm_start)."""
+    adaptive.policy_memory.clear()
+    adaptive.round_costs[4] = np.asarray([1.0, 1.5, 1.6], np.float32)  # every shape worth exploring
+    first = adaptive.generate(prompts, MAX_NEW)
+    assert set(adaptive.policy_memory) == {4}
+    learned = jax.tree.map(np.asarray, adaptive.policy_memory[4])
+    assert learned.explored.all(), learned
+    np.testing.assert_array_equal(learned.mode_rounds, first.mode_rounds)
+    second = adaptive.generate(prompts, MAX_NEW)
+    _same(first, plain)
+    _same(second, plain)
+    state = adaptive.prepare(prompts, MAX_NEW)[0]
+    np.testing.assert_array_equal(np.asarray(state.policy.explored), [True, True, True])
+    # a forced-mode call (what calibrate runs) teaches nothing
+    before = jax.tree.map(np.asarray, adaptive.policy_memory[4])
+    adaptive.run_decode(adaptive.run_prefill(*adaptive.prepare(prompts, MAX_NEW)), mode=0)
+    np.testing.assert_array_equal(np.asarray(adaptive.policy_memory[4].idle), before.idle)
+    cold = Engine(model, MTPDrafter(model), spec=(CHAIN, TREE), adaptive=AdaptivePolicy(warm_start=False), **KW)
+    cold.round_costs[4] = adaptive.round_costs[4]
+    cold.policy_memory[4] = adaptive.policy_memory[4]
+    np.testing.assert_array_equal(np.asarray(cold.prepare(prompts, MAX_NEW)[0].policy.explored), [True, False, False])
+    with pytest.raises(ValueError, match="warm_start"):
+        AdaptivePolicy(warm_start=1)
 
 
 @pytest.mark.parametrize("bad, match", [

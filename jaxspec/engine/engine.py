@@ -28,7 +28,7 @@ from jax.experimental import checkify
 
 from jaxspec._validate import checks_enabled
 from jaxspec.config import SpecConfig
-from jaxspec.engine.policy import AdaptivePolicy, init_policy_state
+from jaxspec.engine.policy import AdaptivePolicy, PolicyState, init_policy_state
 from jaxspec.engine.simulate import SimulatedAccept
 from jaxspec.engine.state import DecodeState, EngineOptions, SamplingParams
 from jaxspec.engine.step import decode_loop, decode_step, draft_spec_max_accept, prefill
@@ -248,7 +248,9 @@ class Engine:
         ``AdaptivePolicy``: each round chooses between plain decoding and the draft shapes in ``spec`` (a
         ``SpecConfig`` or a sequence of them) by measured round cost at the batch bucket and running
         acceptance (``jaxspec.engine.policy``; lossless in every mode). Costs are measured on the device the
-        first time a batch bucket is generated (``calibrate``; ``round_costs`` holds them).
+        first time a batch bucket is generated (``calibrate``; ``round_costs`` holds them). What the policy
+        learned about acceptance carries from one decode call to the next (``policy_memory``, per batch
+        bucket; ``AdaptivePolicy(warm_start=False)`` or ``policy_memory.clear()`` to start afresh).
       simulate_accept: BENCHMARKING ONLY, never lossless: a ``SimulatedAccept`` that forces the accept
         length of every speculative round (SGLang's ``SIMULATE_ACC_LEN``; ``jaxspec.engine.simulate``).
 
@@ -321,6 +323,7 @@ class Engine:
         )
         self.simulate_accept = simulate_accept
         self.round_costs: dict[int, np.ndarray] = {}  # adaptive: batch bucket -> seconds per round of each mode
+        self.policy_memory: dict[int, PolicyState] = {}  # adaptive: batch bucket -> the last call's policy state
         self.eos_id = -1 if eos_id is None else int(eos_id)
         self.max_context = max_context
         self.page_size = page_size
@@ -415,7 +418,8 @@ class Engine:
         policy = None
         if self.opts.adaptive is not None:  # uncalibrated (calibrate itself): equal costs, never read there
             cost = self.round_costs.get(b, np.ones((1 + len(self.opts.specs),), np.float32))
-            policy = init_policy_state(cost, draft_spec_max_accept(self.opts.specs))
+            learned = self.policy_memory.get(b) if self.opts.adaptive.warm_start else None
+            policy = init_policy_state(cost, draft_spec_max_accept(self.opts.specs), learned)
         simulate = None
         if self.simulate_accept is not None:
             simulate = jnp.asarray(self.simulate_accept.table(max(x.num_steps + 1 for x in self.opts.draft_specs)))
@@ -464,7 +468,7 @@ class Engine:
     def run(self, state: DecodeState, prompts: jax.Array, prompt_lens: jax.Array) -> DecodeState:
         """Jitted: prefill + the whole decode ``while_loop``; ``state`` is donated. No host sync (with
         checks on, the error flag is read after the call)."""
-        return self._call("generate", state, prompts, prompt_lens)
+        return self._remember(self._call("generate", state, prompts, prompt_lens))
 
     def run_decode(self, state: DecodeState, *, max_rounds: int | None = None, mode: int | None = None) -> DecodeState:
         """Jitted decode ``while_loop`` from a prefilled state (``run_prefill``; ``state`` donated): until every
@@ -478,7 +482,15 @@ class Engine:
         if max_rounds is not None and (not isinstance(max_rounds, int) or not 1 <= max_rounds < 2**31):
             raise ValueError(f"max_rounds: expected None or an int in [1, 2**31), got {max_rounds!r}")
         rounds = jnp.int32(2**31 - 1 if max_rounds is None else max_rounds)
-        return self._call("decode", state, jnp.int32(-1 if mode is None else mode), rounds)
+        out = self._call("decode", state, jnp.int32(-1 if mode is None else mode), rounds)
+        return out if mode is not None else self._remember(out)  # forced rounds (calibrate) teach nothing
+
+    def _remember(self, state: DecodeState) -> DecodeState:
+        """Adaptive engines: keep a copy of ``state``'s policy as its batch bucket's learned policy (warm start of
+        the next ``prepare``; device copies, no host sync; the state itself may be donated later)."""
+        if state.policy is not None:
+            self.policy_memory[int(state.done.shape[0])] = jax.tree.map(jnp.copy, state.policy)
+        return state
 
     def calibrate(self, batch_size: int, *, context: int | None = None, rounds: int = 4) -> np.ndarray:
         """Adaptive engines: measure the seconds per round of each mode (plain, then each draft shape) at the
@@ -575,4 +587,4 @@ class Engine:
         state = self.run_prefill(*self.prepare(prompts, max_new_tokens, **kw))
         while not bool(jnp.all(state.done)):
             state = self.run_step(state)
-        return self.result(state, len(prompts))
+        return self.result(self._remember(state), len(prompts))

@@ -7,11 +7,21 @@ bucket; rows of finished requests are still computed, so the cost of a round dep
 the highest ``accept(m) / round_cost[m]``. ``round_cost`` is measured on the device for the bucket
 (``Engine.calibrate``, values in the state: new costs never recompile); ``accept`` is a running average of
 the accept lengths the mode had (``ema_weight``), starting optimistic (``S + 1``) until the mode's first
-round, whose accept length replaces it (so each shape costs one exploratory round, not a slow decay). A speculative mode not
-run for ``probe_interval`` rounds runs once more if its optimistic rate could beat the best, so a shape
-switched off by low acceptance is tried again when the text gets easier. Every mode is lossless; the choice
-is made every round inside the compiled loop (no host sync): ``step.decode_loop`` runs each mode as a segment
-of rounds and switches only when the choice changes.
+round, whose accept length replaces it (so each shape costs one exploratory round, not a slow decay).
+
+Probes: a speculative mode that is not the best runs once more when its optimistic rate could beat the
+best and it has waited ``probe_interval * backoff[m]`` rounds of its own cost (``idle[m] * round_cost[best]
+>= probe_interval * backoff[m] * round_cost[m]``), so a shape switched off by low acceptance is tried again
+when the text gets easier, and probing a losing shape costs at most ``1 / probe_interval`` of the time,
+halving after each probe it loses (``backoff`` doubles, up to ``MAX_BACKOFF``; a round in which the mode is
+the best resets it to 1).
+
+Warm start (``AdaptivePolicy.warm_start``, on by default): the engine keeps each batch bucket's running
+accept lengths, probe waits and back-offs from one decode call to the next (``Engine.policy_memory``): how
+well a draft predicts is a property of the model pair and the workload, not of one batch, so only the
+first call of a bucket pays for exploration. Every mode is lossless; the choice is made every round inside
+the compiled loop (no host sync): ``step.decode_loop`` runs each mode as a segment of rounds and switches
+only when the choice changes.
 
 What the switch costs in acceptance: each draft shape keeps its own drafter state, extended only by its own
 rounds, so after rounds of other modes a shape drafts from a state that misses those positions (its first
@@ -25,17 +35,23 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+MAX_BACKOFF = 1024  # the longest probe wait, in multiples of probe_interval
+
 
 @dataclasses.dataclass(frozen=True)
 class AdaptivePolicy:
     """Static settings of adaptive speculation (``Engine(..., spec=(...), adaptive=AdaptivePolicy())``).
 
     ema_weight: weight of the newest round in a mode's running accept length, in ``(0, 1]``.
-    probe_interval: rounds after which an unused speculative mode is tried once more (>= 1).
+    probe_interval: a losing speculative mode is probed again after this many rounds' worth of its own round
+      cost (>= 1; module docstring): probing costs at most ``1 / probe_interval`` of the time.
+    warm_start: carry each batch bucket's learned acceptance from one decode call to the next
+      (``Engine.policy_memory``); ``False``: every call starts from the optimistic prior and explores.
     """
 
     ema_weight: float = 0.25
     probe_interval: int = 64
+    warm_start: bool = True
 
     def __post_init__(self):
         w = self.ema_weight
@@ -44,6 +60,8 @@ class AdaptivePolicy:
         p = self.probe_interval
         if isinstance(p, bool) or not isinstance(p, int) or p < 1:
             raise ValueError(f"AdaptivePolicy.probe_interval: expected an int >= 1, got {p!r}")
+        if not isinstance(self.warm_start, bool):
+            raise ValueError(f"AdaptivePolicy.warm_start: expected a bool, got {self.warm_start!r}")
 
 
 @jax.tree_util.register_dataclass
@@ -54,27 +72,42 @@ class PolicyState:
     round_cost: ``f32[M]`` seconds per round of each mode at this batch bucket (``Engine.calibrate``).
     max_accept: ``f32[M]`` the most a round of each mode can accept (plain 1, spec ``S + 1``).
     accept: ``f32[M]`` running accept length per mode (plain fixed at 1).
+    explored: ``bool[M]`` whether ``accept`` comes from rounds the mode ran (else the optimistic start).
     idle: ``i32[M]`` rounds since each mode last ran.
-    mode_rounds: ``i32[M]`` rounds each mode ran (statistics).
+    backoff: ``i32[M]`` probe wait multiplier per mode (1 .. ``MAX_BACKOFF``).
+    mode_rounds: ``i32[M]`` rounds each mode ran in this decode call (statistics).
     """
 
     round_cost: jax.Array
     max_accept: jax.Array
     accept: jax.Array
+    explored: jax.Array
     idle: jax.Array
+    backoff: jax.Array
     mode_rounds: jax.Array
 
 
-def init_policy_state(round_cost, max_accept) -> PolicyState:
-    """Fresh policy state: every speculative mode starts at its optimistic accept length ``S + 1``."""
+def init_policy_state(round_cost, max_accept, learned: PolicyState | None = None) -> PolicyState:
+    """Policy state of a new decode call: every speculative mode at its optimistic accept length ``S + 1``,
+    or, with ``learned`` (a previous call's final state at the same bucket), its accept lengths, exploration,
+    idle rounds and back-offs; ``round_cost`` is always the given one and ``mode_rounds`` starts at 0."""
     cost = np.asarray(round_cost, np.float32)
     top = np.asarray(max_accept, np.float32)
     if cost.shape != top.shape or cost.ndim != 1 or not np.all(np.isfinite(cost)) or np.any(cost <= 0):
         raise ValueError(f"round_cost: expected {top.shape[0]} positive finite seconds (one per mode), got {cost}")
     m = cost.shape[0]
+    if learned is not None:
+        if learned.accept.shape != (m,):
+            raise ValueError(f"learned: expected a PolicyState of {m} modes, got accept {learned.accept.shape}")
+        return PolicyState(
+            round_cost=jnp.asarray(cost), max_accept=jnp.asarray(top), accept=jnp.array(learned.accept),
+            explored=jnp.array(learned.explored), idle=jnp.array(learned.idle), backoff=jnp.array(learned.backoff),
+            mode_rounds=jnp.zeros((m,), jnp.int32),
+        )
     return PolicyState(
         round_cost=jnp.asarray(cost), max_accept=jnp.asarray(top), accept=jnp.asarray(top.copy()),
-        idle=jnp.zeros((m,), jnp.int32), mode_rounds=jnp.zeros((m,), jnp.int32),
+        explored=jnp.asarray(np.arange(m) == 0), idle=jnp.zeros((m,), jnp.int32),
+        backoff=jnp.ones((m,), jnp.int32), mode_rounds=jnp.zeros((m,), jnp.int32),
     )
 
 
@@ -84,21 +117,27 @@ def choose_mode(policy: AdaptivePolicy, ps: PolicyState) -> jax.Array:
     best = jnp.argmax(rate).astype(jnp.int32)
     m = rate.shape[0]
     could_win = ps.max_accept / ps.round_cost > rate[best]
-    due = (ps.idle >= policy.probe_interval) & could_win & (jnp.arange(m) > 0)
+    waited = ps.idle.astype(jnp.float32) * ps.round_cost[best]
+    wait = jnp.float32(policy.probe_interval) * ps.backoff.astype(jnp.float32) * ps.round_cost
+    due = (waited >= wait) & could_win & (jnp.arange(m) > 0)
     return jnp.where(jnp.any(due), jnp.argmax(due).astype(jnp.int32), best)
 
 
 def update_policy(policy: AdaptivePolicy, ps: PolicyState, mode: jax.Array, accept: jax.Array) -> PolicyState:
     """Fold the round's mean accept length (over its active requests) into mode ``mode``'s average (the mode's
-    first round replaces the optimistic start)."""
+    first round replaces the optimistic start); the mode's back-off resets if it is now the best, else doubles."""
     m = ps.accept.shape[0]
     hit = jnp.arange(m) == mode
     w = jnp.float32(policy.ema_weight)
-    first = ps.mode_rounds == 0  # the first observation replaces the optimistic start
-    new = jnp.where(hit & (mode > 0), jnp.where(first, accept, (1 - w) * ps.accept + w * accept), ps.accept)
+    avg = jnp.where(ps.explored, (1 - w) * ps.accept + w * accept, accept)
+    new = jnp.where(hit & (mode > 0), avg, ps.accept)
+    rate = new / ps.round_cost
+    wins = rate[mode] >= jnp.max(rate)
+    backoff = jnp.where(hit & (mode > 0), jnp.where(wins, 1, jnp.minimum(ps.backoff * 2, MAX_BACKOFF)), ps.backoff)
     return dataclasses.replace(
-        ps, accept=new, idle=jnp.where(hit, 0, ps.idle + 1), mode_rounds=ps.mode_rounds + hit.astype(jnp.int32)
+        ps, accept=new, explored=ps.explored | hit, idle=jnp.where(hit, 0, ps.idle + 1), backoff=backoff,
+        mode_rounds=ps.mode_rounds + hit.astype(jnp.int32),
     )
 
 
-__all__ = ["AdaptivePolicy", "PolicyState", "choose_mode", "init_policy_state", "update_policy"]
+__all__ = ["MAX_BACKOFF", "AdaptivePolicy", "PolicyState", "choose_mode", "init_policy_state", "update_policy"]
