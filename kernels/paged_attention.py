@@ -170,6 +170,10 @@ def fresh_partial(q, k_new, v_new, qmask, sm_scale):
     grp = hq // hkv
     f32 = jnp.float32
     qg = q.reshape(b, nq, hkv, grp, e)
+    if nq == 1:  # decode: the token sees only itself, so p = 1, l = 1, acc = v (no dots: fuses into the merge)
+        s = jnp.sum(qg[:, 0].astype(f32) * k_new[:, 0, :, None, :].astype(f32), axis=-1) * f32(sm_scale * LOG2E)
+        acc = jnp.broadcast_to(v_new[:, 0, :, None, :].astype(f32), (b, hkv, grp, e))
+        return acc, s, jnp.ones((b, hkv, grp), f32)
     s = jnp.einsum("bqhge,bkhe->bhqgk", qg, k_new, precision=jax.lax.Precision.HIGHEST, preferred_element_type=f32)
     s = jnp.where(qmask[:, None, :, None, :], s * f32(sm_scale * LOG2E), -jnp.inf)
     m = jnp.max(s, axis=-1)  # finite: every row sees itself

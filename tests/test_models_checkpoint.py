@@ -128,6 +128,26 @@ def test_save_load_roundtrip(tmp_path, cfg):
     np.testing.assert_array_equal(_fwd(model, tok, meta, None)[0], _fwd(other, tok, meta, None)[0])
 
 
+def test_fused_projections_stack_hf_tensors(tmp_path):
+    """qkv_proj = [q_proj | k_proj | v_proj] and gate_up_proj = [gate_proj | up_proj] along the output axis."""
+    from safetensors.numpy import load_file
+
+    model = Decoder(QWEN, rngs=nnx.Rngs(2), kv_dtype=jnp.float32)
+    _randomize_biases(model)
+    save_model(model, str(tmp_path))
+    t = load_file(tmp_path / "model.safetensors")
+    assert not any("qkv_proj" in k or "gate_up_proj" in k for k in t)
+    attn, mlp = model.layers[1].self_attn, model.layers[1].mlp
+    e, hq, hkv, f = QWEN.head_dim, QWEN.num_attention_heads, QWEN.num_key_value_heads, QWEN.intermediate_size
+    qkv, bias = np.asarray(attn.qkv_proj.kernel[...]), np.asarray(attn.qkv_proj.bias[...])
+    for name, lo, hi in (("q", 0, hq * e), ("k", hq * e, (hq + hkv) * e), ("v", (hq + hkv) * e, (hq + 2 * hkv) * e)):
+        np.testing.assert_array_equal(t[f"model.layers.1.self_attn.{name}_proj.weight"], qkv[:, lo:hi].T)
+        np.testing.assert_array_equal(t[f"model.layers.1.self_attn.{name}_proj.bias"], bias[lo:hi])
+    gu = np.asarray(mlp.gate_up_proj.kernel[...])
+    np.testing.assert_array_equal(t["model.layers.1.mlp.gate_proj.weight"], gu[:, :f].T)
+    np.testing.assert_array_equal(t["model.layers.1.mlp.up_proj.weight"], gu[:, f:].T)
+
+
 def _rewrite(path, fn):
     from safetensors.numpy import load_file, save_file
 

@@ -2,9 +2,10 @@
 
 Tensor names are the Hugging Face Llama/Qwen2/Mistral ones (``model.embed_tokens.weight``,
 ``model.layers.{i}.self_attn.q_proj.weight`` ``[out, in]``, ``model.norm.weight``, ``lm_head.weight``; no
-``lm_head`` when ``tie_word_embeddings``). MTP layer ``s`` follows DeepSeek-V3: it is stored as decoder layer
-``L + s`` (``model.layers.{L+s}.enorm / hnorm / eh_proj / self_attn.* / mlp.* / input_layernorm /
-post_attention_layernorm``) and ``config.json`` carries ``num_nextn_predict_layers``; its embedding, final
+``lm_head`` when ``tie_word_embeddings``); the model's fused ``qkv_proj`` / ``gate_up_proj`` (SGLang's) are
+stacked from / split into ``q_proj, k_proj, v_proj`` / ``gate_proj, up_proj`` along the output axis. MTP
+layer ``s`` follows DeepSeek-V3: it is stored as decoder layer ``L + s`` (``model.layers.{L+s}.enorm / hnorm /
+eh_proj / self_attn.* / mlp.* / input_layernorm / post_attention_layernorm``) and ``config.json`` carries ``num_nextn_predict_layers``; its embedding, final
 norm and head are the target's (DeepSeek-V3's per-layer ``embed_tokens`` / ``shared_head`` copies, if
 present, are not read). Files are read with ``safetensors`` (``framework="flax"``: no torch, bf16 kept);
 sharded checkpoints go through ``model.safetensors.index.json``. Nothing is downloaded.
@@ -46,6 +47,29 @@ def hf_name(path: tuple, num_layers: int) -> tuple[str, bool]:
     raise ValueError(f"no checkpoint name for parameter {'/'.join(parts)}")
 
 
+# SGLang's fused projections and the Hugging Face tensors they stack along the output axis, in order.
+FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
+
+
+def _fused_sizes(fused: str, cfg: DecoderConfig) -> tuple[int, ...]:
+    if fused == "qkv_proj":
+        e = cfg.head_dim
+        return cfg.num_attention_heads * e, cfg.num_key_value_heads * e, cfg.num_key_value_heads * e
+    return cfg.intermediate_size, cfg.intermediate_size
+
+
+def hf_tensors(path: tuple, cfg: DecoderConfig) -> tuple[list[tuple[str, int | None]], bool]:
+    """The checkpoint tensors of the NNX parameter at ``path``: ``[(name, rows)]`` (``rows``: the tensor's share of
+    a fused projection's output axis, stacked in this order; ``None`` for a 1:1 parameter) and whether they
+    are stored transposed (Hugging Face ``[out, in]`` against NNX ``[in, out]``)."""
+    name, transpose = hf_name(path, cfg.num_hidden_layers)
+    parts = name.split(".")
+    if len(parts) >= 2 and parts[-2] in FUSED:
+        names = [".".join(parts[:-2] + [p, parts[-1]]) for p in FUSED[parts[-2]]]
+        return list(zip(names, _fused_sizes(parts[-2], cfg))), transpose
+    return [(name, None)], transpose
+
+
 def read_config(path: str) -> DecoderConfig:
     """``DecoderConfig`` from ``path/config.json`` (``ValueError`` for anything unsupported)."""
     cfg_file = os.path.join(path, "config.json")
@@ -84,23 +108,30 @@ def load_weights(model: Decoder, path: str, *, strict: bool = True) -> Decoder:
 
     files = _tensor_files(path)
     flat = nnx.to_flat_state(nnx.state(model, nnx.Param))
-    plan = []
+    plan = []  # (var, transpose, [(name, expected checkpoint shape)])
     for key, var in flat:
-        name, transpose = hf_name(key, model.cfg.num_hidden_layers)
+        parts, transpose = hf_tensors(key, model.cfg)
         shape = tuple(var.get_value().shape)
-        plan.append((var, name, transpose, shape[::-1] if transpose else shape))
-    missing = [name for _, name, _, _ in plan if name not in files]
+        hf_shape = shape[::-1] if transpose else shape  # [out, ...]
+        plan.append((var, transpose, [(name, hf_shape if rows is None else (rows, *hf_shape[1:]))
+                                      for name, rows in parts]))
+    wanted = [(name, want) for _, _, parts in plan for name, want in parts]
+    missing = [name for name, _ in wanted if name not in files]
     if missing:
         raise ValueError(f"{path}: missing tensors {missing}")
-    for fn in sorted({files[name] for _, name, _, _ in plan}):
+    tensors = {}  # read, not yet set: a fused projection's parts may lie in different shards
+    for fn in sorted({files[name] for name, _ in wanted}):
         with safe_open(fn, framework="flax") as f:
-            for var, name, transpose, want in plan:
+            for name, want in wanted:
                 if files[name] != fn:
                     continue
                 found = tuple(f.get_slice(name).get_shape())
                 if found != want:
                     raise ValueError(f"{path}: tensor {name}: expected shape {want}, found {found}")
-                arr = np.asarray(f.get_tensor(name))  # bf16 arrives as an ml_dtypes array: host-side transpose/cast
+                tensors[name] = np.asarray(f.get_tensor(name))  # bf16 arrives as an ml_dtypes array
+        for var, transpose, parts in plan:  # host-side stack (fused projections), transpose and cast
+            if parts[0][0] in tensors and all(name in tensors for name, _ in parts):
+                arr = np.concatenate([tensors.pop(name) for name, _ in parts], axis=0)
                 var.set_value(jnp.asarray((arr.T if transpose else arr).astype(model.param_dtype)))
     return model
 
@@ -143,10 +174,13 @@ def save_model(model: Decoder, path: str, *, dtype=None, metadata: dict | None =
     cfg = dataclasses.replace(model.cfg, num_nextn_predict_layers=n_mtp)
     tensors = {}
     for key, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
-        name, transpose = hf_name(key, cfg.num_hidden_layers)
+        parts, transpose = hf_tensors(key, cfg)
         arr = var.get_value()
         arr = arr.T if transpose else arr
-        tensors[name] = jnp.asarray(arr if dtype is None else arr.astype(dtype))
+        arr = arr if dtype is None else arr.astype(dtype)
+        ends = np.cumsum([rows or arr.shape[0] for _, rows in parts])
+        for (name, _), lo, hi in zip(parts, [0, *ends[:-1]], ends):
+            tensors[name] = jnp.asarray(arr[lo:hi])
     with open(os.path.join(path, "config.json"), "w") as f:
         json.dump(cfg.to_hf(), f, indent=2, sort_keys=True)
     save_file(tensors, os.path.join(path, "model.safetensors"), metadata={"format": "pt", **(metadata or {})})

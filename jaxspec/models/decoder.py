@@ -2,8 +2,9 @@
 
 RMSNorm, RoPE (``rope_theta``, optional Llama-3 ``rope_scaling``), GQA, SwiGLU, optional q/k/v bias (Qwen2)
 and tied embeddings. Parameters keep the Hugging Face module names (``embed_tokens``, ``layers[i].self_attn
-.q_proj``, ``mlp.gate_proj``, ``input_layernorm``, ``norm``, ``lm_head``) with kernels stored ``[in, out]``;
-``jaxspec.models.checkpoint`` maps them to and from safetensors.
+.o_proj``, ``mlp.down_proj``, ``input_layernorm``, ``norm``, ``lm_head``) except SGLang's two fused
+projections, ``self_attn.qkv_proj`` (q/k/v) and ``mlp.gate_up_proj`` (gate/up), with kernels stored
+``[in, out]``; ``jaxspec.models.checkpoint`` maps them to and from safetensors.
 
 Precision: weights in ``param_dtype`` (f32 or bf16); the residual stream, norms, RoPE, attention softmax and
 every matmul accumulation run in float32 (matmul inputs are cast to the weight dtype). The KV pool dtype
@@ -118,12 +119,14 @@ def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: jax.Array) -> jax.A
 
 
 class SelfAttention(nnx.Module):
+    """GQA self-attention. ``qkv_proj`` is SGLang's fused ``QKVParallelLinear``: the q, k and v projections
+    (Hugging Face ``q_proj`` / ``k_proj`` / ``v_proj``) stacked along the output axis, one GEMM instead of three
+    (the checkpoint loader stacks and splits them)."""
+
     def __init__(self, cfg: DecoderConfig, *, dtype, rngs: nnx.Rngs):
         d, e, hq, hkv = cfg.hidden_size, cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads
         self.cfg = cfg
-        self.q_proj = Linear(d, hq * e, bias=cfg.attention_bias, dtype=dtype, rngs=rngs)
-        self.k_proj = Linear(d, hkv * e, bias=cfg.attention_bias, dtype=dtype, rngs=rngs)
-        self.v_proj = Linear(d, hkv * e, bias=cfg.attention_bias, dtype=dtype, rngs=rngs)
+        self.qkv_proj = Linear(d, (hq + 2 * hkv) * e, bias=cfg.attention_bias, dtype=dtype, rngs=rngs)
         self.o_proj = Linear(hq * e, d, bias=False, dtype=dtype, rngs=rngs)
 
     def __call__(self, x, meta: AttentionMetadata, cache: PagedKVCache | None, layer: int):
@@ -131,11 +134,12 @@ class SelfAttention(nnx.Module):
         dropped after the projections) -> ``([B, Q, D], cache)``."""
         cfg = self.cfg
         b, nq = meta.positions.shape
-        e, hkv = cfg.head_dim, cfg.num_key_value_heads
+        e, hq, hkv = cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads
         inv_freq = rope_inv_freq(cfg)
-        q = apply_rope(self.q_proj(x)[:b].reshape(b, nq, cfg.num_attention_heads, e), meta.positions, inv_freq)
-        k = apply_rope(self.k_proj(x)[:b].reshape(b, nq, hkv, e), meta.positions, inv_freq)
-        v = self.v_proj(x)[:b].reshape(b, nq, hkv, e)
+        qkv = self.qkv_proj(x)[:b].reshape(b, nq, hq + 2 * hkv, e)
+        q = apply_rope(qkv[:, :, :hq], meta.positions, inv_freq)
+        k = apply_rope(qkv[:, :, hq:hq + hkv], meta.positions, inv_freq)
+        v = qkv[:, :, hq + hkv:]
         if cache is None:  # dense forward (training, tests): no prefix and nothing paged, so the jnp reference
             pool = k.reshape(b * nq, hkv, e)
             out = paged_attention(q, k, v, pool, pool, meta.page_table[:, :0], meta.prefix_lens, meta.qmask,
@@ -162,14 +166,19 @@ class SelfAttention(nnx.Module):
 
 
 class MLP(nnx.Module):
+    """SwiGLU. ``gate_up_proj`` is SGLang's fused ``MergedColumnParallelLinear``: Hugging Face ``gate_proj``
+    and ``up_proj`` stacked along the output axis (one GEMM)."""
+
     def __init__(self, cfg: DecoderConfig, *, dtype, rngs: nnx.Rngs):
         d, f = cfg.hidden_size, cfg.intermediate_size
-        self.gate_proj = Linear(d, f, bias=False, dtype=dtype, rngs=rngs)
-        self.up_proj = Linear(d, f, bias=False, dtype=dtype, rngs=rngs)
+        self.intermediate_size = f
+        self.gate_up_proj = Linear(d, 2 * f, bias=False, dtype=dtype, rngs=rngs)
         self.down_proj = Linear(f, d, bias=False, dtype=dtype, rngs=rngs)
 
     def __call__(self, x):
-        return self.down_proj(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x))
+        f = self.intermediate_size
+        gu = self.gate_up_proj(x)
+        return self.down_proj(jax.nn.silu(gu[..., :f]) * gu[..., f:])
 
 
 class DecoderLayer(nnx.Module):
