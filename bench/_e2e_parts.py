@@ -243,8 +243,12 @@ def profile_loop(eng, state, rounds: int) -> dict:
     if per is None:
         return {}
     top = sorted(per.items(), key=lambda kv: -kv[1])
+    # one middle round's kernels in order (name, us): where each layer's and the bookkeeping's time goes
+    seq = cupti_kernels.last_timings
+    n = len(seq) // max(1, rounds)
+    mid = seq[(rounds // 2) * n:(rounds // 2 + 1) * n]  # approximate if the loop adds a few kernels
     return dict(total_us=sum(per.values()), kernels_per_round=cupti_kernels.last_count, groups=kernel_groups(per),
-                top=[(k[:90], round(v, 2)) for k, v in top[:24]])
+                top=[(k[:90], round(v, 2)) for k, v in top[:24]], round_kernels=[(k[:60], round(v, 2)) for k, v in mid])
 
 
 # ---------------------------------------------------------------------------------------------- real pair

@@ -137,6 +137,7 @@ def cupti_kernels(call, sync, iterations: int, calls: int | None = None) -> dict
     for name, t in timings:
         per_kernel[name] = per_kernel.get(name, 0.0) + t * 1e3 / iterations  # ms -> us
     cupti_kernels.last_count = len(timings) / iterations
+    cupti_kernels.last_timings = [(name, t * 1e3) for name, t in timings]  # in order, us each
     return per_kernel
 
 

@@ -138,3 +138,28 @@ def test_bf16_single_row_equals_its_row_in_a_batch():
     np.testing.assert_allclose(one_hidden[0], two_hidden[0], rtol=1e-6, atol=1e-6)
     np.testing.assert_allclose(one_logits[0], two_logits[0], rtol=1e-6, atol=1e-6)
     assert not np.allclose(two_logits[0], two_logits[1])  # the rows differ: row 1 is not a copy of row 0
+
+
+def test_out_of_range_write_slots_go_to_the_dummy_slot_only():
+    """A write slot outside the pool lands in slot 0 (the dummy slot padding tokens write to), never in a
+    clamped neighbour; every other slot keeps its poison. With checks on it is an error."""
+    import jax
+    from jax.experimental import checkify
+
+    import jaxspec
+    from jaxspec.models import Decoder
+
+    m = Decoder(CFG, rngs=nnx.Rngs(3), kv_dtype=jnp.float32)
+    cache = m.make_cache(np.zeros((2, 8), np.int32), 16)
+    cache = dataclasses.replace(cache, k=jnp.full_like(cache.k, 7.0), v=jnp.full_like(cache.v, 7.0))
+    locs = jnp.array([[5], [16]], jnp.int32)  # row 1: one past the pool
+    meta = _meta(2, 1, positions=jnp.zeros((2, 1), jnp.int32), write_locs=locs)
+    meta = dataclasses.replace(meta, page_table=jnp.zeros((2, 1), jnp.int32))
+    _, _, out = _fwd(m, jnp.array([[3], [9]], jnp.int32), meta, cache)
+    for pool in (np.asarray(out.k), np.asarray(out.v)):
+        written = np.any(pool != 7.0, axis=(0, 2, 3))
+        assert set(np.flatnonzero(written)) == {0, 5}, np.flatnonzero(written)
+    with jaxspec.checks():
+        err, _ = jax.jit(checkify.checkify(lambda c: m.forward(jnp.array([[3], [9]], jnp.int32), meta, c)))(cache)
+    with pytest.raises(checkify.JaxRuntimeError, match="write_locs"):
+        err.throw()

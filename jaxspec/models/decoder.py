@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from jaxspec._validate import check
 from jaxspec.kernels import paged_attention
 from jaxspec.models.config import DecoderConfig
 from jaxspec.protocols import AttentionMetadata, PagedKVCache
@@ -118,6 +119,18 @@ def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: jax.Array) -> jax.A
     return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
 
 
+def _write_slots(write_locs, num_slots: int):
+    """``write_locs`` flattened, a slot outside ``[0, num_slots)`` sent to slot 0: the dummy slot that padding
+    tokens write to (page 0, never a request's; SGLang's KV pools keep slot 0 for the same purpose), so the
+    writes need no bounds check: XLA:GPU can then write a single token's K/V as one in-place update, without
+    the select kernel that keeps the old value where a slot is out of bounds. With checks on
+    (``JAXSPEC_CHECKS``) an out-of-range slot is an error."""
+    flat = write_locs.reshape(-1)
+    ok = (flat >= 0) & (flat < num_slots)
+    check(jnp.all(ok), f"write_locs: every slot must lie in [0, {num_slots}) (the KV pool's slots)")
+    return jnp.where(ok, flat, 0)
+
+
 class SelfAttention(nnx.Module):
     """GQA self-attention. ``qkv_proj`` is SGLang's fused ``QKVParallelLinear``: the q, k and v projections
     (Hugging Face ``q_proj`` / ``k_proj`` / ``v_proj``) stacked along the output axis, one GEMM instead of three
@@ -153,10 +166,10 @@ class SelfAttention(nnx.Module):
             # this layer's attention output, so no copy is needed here.
             dt = cache.k.dtype
             if meta.write_locs is not None:
-                flat = meta.write_locs.reshape(-1)
+                flat = _write_slots(meta.write_locs, cache.k.shape[1])
                 cache = PagedKVCache(
-                    k=cache.k.at[layer, flat].set(k.reshape(b * nq, hkv, e).astype(dt)),
-                    v=cache.v.at[layer, flat].set(v.reshape(b * nq, hkv, e).astype(dt)),
+                    k=cache.k.at[layer, flat].set(k.reshape(b * nq, hkv, e).astype(dt), mode="promise_in_bounds"),
+                    v=cache.v.at[layer, flat].set(v.reshape(b * nq, hkv, e).astype(dt), mode="promise_in_bounds"),
                     req_to_token=cache.req_to_token,
                 )
             out = paged_attention(q.astype(dt), k.astype(dt), v.astype(dt), cache.k[layer], cache.v[layer],
