@@ -79,9 +79,6 @@ def _parse(argv):
     ap.add_argument("--ab-linear", action="store_true",
                     help="also time the plain forward of the breakdown batches with the previous Linear (einsum at "
                          "precision HIGHEST, no single-row padding) for an A/B of decoder._dot16")
-    ap.add_argument("--bookkeeping-kernels", choices=["auto", "reference"], default="auto",
-                    help="A/B: 'reference' runs the round's small Pallas bookkeeping kernels (cache locations, "
-                         "rotate_input_ids, KV moves) as their jnp references in the loop; attention unchanged")
     ap.add_argument("--json", default=None, help="write rows + environment as JSON here")
     ap.add_argument("--png", default=None, help="write a tokens/s plot here")
     return ap.parse_args(argv)
@@ -425,18 +422,13 @@ def main(argv=None) -> int:
     sys.path.insert(0, os.path.dirname(__file__))
     from _timing import copy_ceiling_gbps
 
-    if args.bookkeeping_kernels == "reference":  # every KernelOp (not the attention kernel) takes its jnp reference
-        from jaxspec.kernels._dispatch import KernelOp
-
-        KernelOp.resolve = lambda self, implementation, interpret: "reference"
     configs = model_configs()
     dtype = jnp.bfloat16
     kv_dtype = jnp.float32 if args.device == "cpu" else jnp.bfloat16
     dev = str(jax.devices()[0])
     gbps, _ = copy_ceiling_gbps(2**30 if args.device == "gpu" else 2**24)
     print(f"device {dev}; copy bandwidth {gbps:.0f} GB/s (read + write); decode loop: Engine.run_decode; "
-          f"speculative rows: Engine(simulate_accept=...); XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}; "
-          f"bookkeeping kernels {args.bookkeeping_kernels}", flush=True)
+          f"speculative rows: Engine(simulate_accept=...); XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}", flush=True)
     pairs = {}
     if not (args.probe or args.no_pairs):
         for cname, spec in _specs().items():

@@ -3,7 +3,8 @@
 One entry point covers decode (``Q = 1``), extend / prefill (``qmask`` causal) and speculative verify
 (``Q = N`` draft tokens, ``qmask`` the QLEN_ONLY tree mask, or its bit-packed form through
 ``qmask_bits=``): every fresh token attends to the first ``prefix_lens[b]`` tokens of its request, read
-through ``page_table`` from ONE layer of the paged pool, and to the fresh tokens ``qmask`` allows.
+through ``page_table`` from ONE layer of the paged pool (a ``[X, Hkv, E]`` pool, or layer ``layer`` of a
+model's ``[L, X, Hkv, E]`` pool), and to the fresh tokens ``qmask`` allows.
 Softmax runs over ``[prefix | fresh]`` in float32; the result has ``q``'s dtype.
 
 Layout (``jaxspec.protocols.AttentionMetadata``): token ``pos`` of row ``b`` lives at pool slot
@@ -68,7 +69,8 @@ def qmask_from_bits(bits, num_tokens: int):
     return ((bits.astype(jnp.uint32)[:, :, None] >> j[None, None, :]) & jnp.uint32(1)) == jnp.uint32(1)
 
 
-def _check(q, k_new, v_new, k_pool, v_pool, page_table, prefix_lens, qmask, qmask_bits, page_size, sm_scale):
+def _check(q, k_new, v_new, k_pool, v_pool, page_table, prefix_lens, qmask, qmask_bits, page_size, sm_scale,
+           layer=None):
     if q.ndim != 4:
         raise ValueError(f"q: expected shape (B, Q, Hq, E), got {q.shape}")
     b, nq, hq, e = q.shape
@@ -79,12 +81,21 @@ def _check(q, k_new, v_new, k_pool, v_pool, page_table, prefix_lens, qmask, qmas
         raise ValueError(f"k_new: Hkv={hkv} must divide Hq={hq}")
     if v_new.shape != k_new.shape:
         raise ValueError(f"v_new: expected shape {k_new.shape}, got {v_new.shape}")
-    if k_pool.ndim != 3 or k_pool.shape[1:] != (hkv, e):
-        raise ValueError(f"k_pool: expected shape (X, {hkv}, {e}), got {k_pool.shape}")
+    rank = 3 if layer is None else 4
+    if k_pool.ndim != rank or k_pool.shape[-2:] != (hkv, e):
+        want = f"(X, {hkv}, {e})" if layer is None else f"(L, X, {hkv}, {e}) with layer="
+        raise ValueError(f"k_pool: expected shape {want}, got {k_pool.shape}")
     if v_pool.shape != k_pool.shape:
         raise ValueError(f"v_pool: expected shape {k_pool.shape}, got {v_pool.shape}")
-    if not isinstance(page_size, (int, np.integer)) or page_size < 1 or k_pool.shape[0] % page_size:
-        raise ValueError(f"page_size: expected a positive int dividing X={k_pool.shape[0]}, got {page_size!r}")
+    if layer is not None:
+        if isinstance(layer, (int, np.integer)) and not isinstance(layer, bool):
+            if not 0 <= layer < k_pool.shape[0]:
+                raise ValueError(f"layer: expected an int in [0, {k_pool.shape[0]}), got {layer}")
+        elif not (hasattr(layer, "dtype") and jnp.shape(layer) == () and layer.dtype == jnp.int32):
+            raise ValueError(f"layer: expected a Python int or an i32[] array, got {layer!r}")
+    slots = k_pool.shape[-3]
+    if not isinstance(page_size, (int, np.integer)) or page_size < 1 or slots % page_size:
+        raise ValueError(f"page_size: expected a positive int dividing X={slots}, got {page_size!r}")
     for name, x in (("q", q), ("k_new", k_new), ("v_new", v_new), ("k_pool", k_pool), ("v_pool", v_pool)):
         if x.dtype not in (jnp.bfloat16, jnp.float16, jnp.float32):
             raise ValueError(f"{name}: expected bfloat16, float16 or float32, got {x.dtype}")
@@ -116,7 +127,9 @@ def _prefix_slots(page_table, page_size, num_slots):
     return pages * page_size + (pos % page_size)[None, :]  # i32[B, P*G]
 
 
-def _reference(q, k_new, v_new, k_pool, v_pool, page_table, prefix_lens, qmask, *, page_size, sm_scale):
+def _reference(q, k_new, v_new, k_pool, v_pool, page_table, prefix_lens, qmask, layer, *, page_size, sm_scale):
+    k_pool, v_pool, layer = _pools(k_pool, v_pool, layer)
+    k_pool, v_pool = (jax.lax.dynamic_index_in_dim(x, layer, 0, keepdims=False) for x in (k_pool, v_pool))
     b, nq, hq, e = q.shape
     hkv = k_new.shape[2]
     prec = jax.lax.Precision.HIGHEST
@@ -138,12 +151,21 @@ def _reference(q, k_new, v_new, k_pool, v_pool, page_table, prefix_lens, qmask, 
 
 
 def paged_attention_reference(
-    q, k_new, v_new, k_pool, v_pool, page_table, prefix_lens, qmask=None, *, page_size, sm_scale, qmask_bits=None
+    q, k_new, v_new, k_pool, v_pool, page_table, prefix_lens, qmask=None, *, page_size, sm_scale, qmask_bits=None,
+    layer=None,
 ):
     """Pure-jnp paged attention (see the module docstring for shapes); jittable, f32 softmax."""
-    qmask = _check(q, k_new, v_new, k_pool, v_pool, page_table, prefix_lens, qmask, qmask_bits, page_size, sm_scale)
-    return _reference_jit(q, k_new, v_new, k_pool, v_pool, page_table, prefix_lens, qmask,
+    qmask = _check(q, k_new, v_new, k_pool, v_pool, page_table, prefix_lens, qmask, qmask_bits, page_size, sm_scale,
+                   layer)
+    return _reference_jit(q, k_new, v_new, k_pool, v_pool, page_table, prefix_lens, qmask, layer,
                           page_size=int(page_size), sm_scale=float(sm_scale))
+
+
+def _pools(k_pool, v_pool, layer):
+    """Inside jit: ``([L, X, Hkv, E] pools, i32[] layer)``; a single layer's pool is ``L = 1`` (a free reshape)."""
+    if layer is None:
+        return k_pool[None], v_pool[None], jnp.int32(0)
+    return k_pool, v_pool, jnp.asarray(layer, jnp.int32)
 
 
 _reference_jit = jax.jit(_reference, static_argnames=("page_size", "sm_scale"))
@@ -268,31 +290,39 @@ def resolve_attention_implementation(implementation, q, page_size, interpret) ->
 
 def paged_attention(
     q, k_new, v_new, k_pool, v_pool, page_table, prefix_lens, qmask=None, *, page_size, sm_scale,
-    qmask_bits=None, implementation="auto", interpret=False, num_splits=None,
+    qmask_bits=None, implementation="auto", interpret=False, num_splits=None, layer=None,
 ):
     """Paged attention (module docstring). ``q [B,Q,Hq,E]``, ``k_new, v_new [B,Q,Hkv,E]``, ``k_pool, v_pool
-    [X,Hkv,E]``, ``page_table i32[B,P]``, ``prefix_lens i32[B]``, ``qmask bool[B,Q,Q]`` (or ``qmask_bits``,
-    build_tree's packed rows) -> ``[B,Q,Hq,E]`` in q's dtype. ``num_splits``: prefix slices per (request,
-    KV head) for the kernels (default: enough to fill the GPU)."""
-    qmask = _check(q, k_new, v_new, k_pool, v_pool, page_table, prefix_lens, qmask, qmask_bits, page_size, sm_scale)
+    [X,Hkv,E]`` (or a model's whole ``[L,X,Hkv,E]`` pool with ``layer``, an int or ``i32[]``: the Mosaic
+    kernel then reads that layer itself, so the call needs no slice of the pool, which XLA:GPU would run
+    outside its CUDA graphs), ``page_table i32[B,P]``, ``prefix_lens i32[B]``, ``qmask bool[B,Q,Q]`` (or
+    ``qmask_bits``, build_tree's packed rows) -> ``[B,Q,Hq,E]`` in q's dtype. ``num_splits``: prefix slices
+    per (request, KV head) for the kernels (default: enough to fill the GPU)."""
+    qmask = _check(q, k_new, v_new, k_pool, v_pool, page_table, prefix_lens, qmask, qmask_bits, page_size, sm_scale,
+                   layer)
     impl = resolve_attention_implementation(implementation, q, page_size, interpret)
     if num_splits is not None and (not isinstance(num_splits, int) or num_splits < 1):
         raise ValueError(f"num_splits: expected a positive int, got {num_splits!r}")
     if impl == "reference":
-        return _reference_jit(q, k_new, v_new, k_pool, v_pool, page_table, prefix_lens, qmask,
+        return _reference_jit(q, k_new, v_new, k_pool, v_pool, page_table, prefix_lens, qmask, layer,
                               page_size=int(page_size), sm_scale=float(sm_scale))
-    return _kernel_jit(q, k_new, v_new, k_pool, v_pool, page_table, prefix_lens, qmask, impl=impl,
+    return _kernel_jit(q, k_new, v_new, k_pool, v_pool, page_table, prefix_lens, qmask, layer, impl=impl,
                        page_size=int(page_size), sm_scale=float(sm_scale), interpret=bool(interpret),
                        num_splits=num_splits)
 
 
 @functools.partial(jax.jit, static_argnames=("impl", "page_size", "sm_scale", "interpret", "num_splits"))
-def _kernel_jit(q, k_new, v_new, k_pool, v_pool, page_table, prefix_lens, qmask, *, impl, page_size, sm_scale,
-                interpret, num_splits):
-    if impl == "mosaic":
+def _kernel_jit(q, k_new, v_new, k_pool, v_pool, page_table, prefix_lens, qmask, layer, *, impl, page_size,
+                sm_scale, interpret, num_splits):
+    kw = dict(page_size=page_size, sm_scale=sm_scale, num_splits=num_splits, interpret=interpret)
+    k_pool, v_pool, layer = _pools(k_pool, v_pool, layer)
+    if impl == "mosaic":  # the whole [L, X, Hkv, E] pool goes in; the kernel reads its layer
         from jaxspec.kernels.paged_attention_mosaic import prefix_partials
+
+        acc, m, l = prefix_partials(q, k_new.shape[2], k_pool, v_pool, page_table, prefix_lens, layer=layer, **kw)
     else:
         from jaxspec.kernels.paged_attention_triton import prefix_partials
-    acc, m, l = prefix_partials(q, k_new.shape[2], k_pool, v_pool, page_table, prefix_lens, page_size=page_size,
-                                sm_scale=sm_scale, num_splits=num_splits, interpret=interpret)
+
+        k_pool, v_pool = (jax.lax.dynamic_index_in_dim(x, layer, 0, keepdims=False) for x in (k_pool, v_pool))
+        acc, m, l = prefix_partials(q, k_new.shape[2], k_pool, v_pool, page_table, prefix_lens, **kw)
     return merge_partials(q, fresh_partial(q, k_new, v_new, qmask, sm_scale), acc, m, l)

@@ -5,7 +5,8 @@ It holds ``ROWS = 64`` query rows of one KV head in shared memory (``Q * group``
 rows take more row tiles ``T``) and walks its slice of the prefix ``block`` tokens at a time:
 
 * a block is ``block // G`` whole pages; each page is one contiguous ``[G, E]`` slab of the pool
-  (``k_pool[page*G : page*G+G, h]``), copied by TMA with a dynamic start read as a scalar from the page
+  (``k_pool[layer, page*G : page*G+G, h]``; the layer index is a kernel input, so the model's whole pool
+  goes in unsliced), copied by TMA with a dynamic start read as a scalar from the page
   table (Mosaic GPU has no vector gathers on Hopper); ``stages`` blocks are in flight (multi-buffering,
   one barrier per stage counting the page copies);
 * ``S = q @ K^T`` and ``acc += P @ V`` run on the tensor cores (wgmma, f32 accumulators in registers),
@@ -40,8 +41,8 @@ def _stages(e: int, block: int, itemsize: int) -> int:
     return 2 if ROWS * e * itemsize + 2 * per_stage <= 200 * 1024 else 1
 
 
-def _body(q_ref, k_ref, v_ref, pt_ref, len_ref, acc_out, m_out, l_out, *, page_size, num_pages, width, block,
-          stages, tiles, out_rows, num_splits, scale, dtype, interpret):
+def _body(q_ref, k_ref, v_ref, pt_ref, len_ref, layer_ref, acc_out, m_out, l_out, *, page_size, num_pages, width,
+          block, stages, tiles, out_rows, num_splits, scale, dtype, interpret):
     g = page_size
     # the GPU interpreter has no layout_cast (layouts only matter to the compiler)
     cast = (lambda x, layout: x) if interpret else plgpu.layout_cast
@@ -52,6 +53,7 @@ def _body(q_ref, k_ref, v_ref, pt_ref, len_ref, acc_out, m_out, l_out, *, page_s
     h = lax.div(ht, jnp.int32(tiles))
     tile = lax.rem(ht, jnp.int32(tiles))
     e = q_ref.shape[-1]
+    layer = layer_ref[0]  # the pool's layer (the pool is [L, X, Hkv, E]: no slice of it outside the kernel)
     n = len_ref[b]
     nblk = lax.div(n + (block - 1), jnp.int32(block))
     per = lax.div(nblk + (num_splits - 1), jnp.int32(num_splits))
@@ -74,8 +76,8 @@ def _body(q_ref, k_ref, v_ref, pt_ref, len_ref, acc_out, m_out, l_out, *, page_s
         def issue(pages, slot):
             for i, page in enumerate(pages):
                 src = pl.ds(page * g, g)
-                plgpu.copy_gmem_to_smem(k_ref.at[src, h], k_smem.at[slot, pl.ds(i * g, g)], k_bar.at[slot])
-                plgpu.copy_gmem_to_smem(v_ref.at[src, h], v_smem.at[slot, pl.ds(i * g, g)], v_bar.at[slot])
+                plgpu.copy_gmem_to_smem(k_ref.at[layer, src, h], k_smem.at[slot, pl.ds(i * g, g)], k_bar.at[slot])
+                plgpu.copy_gmem_to_smem(v_ref.at[layer, src, h], v_smem.at[slot, pl.ds(i * g, g)], v_bar.at[slot])
 
         for t in range(stages):
             @pl.when(t < cnt)
@@ -159,10 +161,15 @@ def _body(q_ref, k_ref, v_ref, pt_ref, len_ref, acc_out, m_out, l_out, *, page_s
 @functools.partial(jax.jit, static_argnames=("hkv", "page_size", "sm_scale", "num_splits", "interpret", "block",
                                              "stages"))
 def prefix_partials(q, hkv, k_pool, v_pool, page_table, prefix_lens, *, page_size, sm_scale, num_splits=None,
-                    interpret=False, block=None, stages=None):
-    """``(acc, m, l)`` prefix partials (module docstring) for ``q [B,Q,Hq,E]`` over the paged pool.
+                    interpret=False, block=None, stages=None, layer=None):
+    """``(acc, m, l)`` prefix partials (module docstring) for ``q [B,Q,Hq,E]`` over the paged pool: ``k_pool,
+    v_pool [X,Hkv,E]``, or ``[L,X,Hkv,E]`` with ``layer`` (an int or ``i32[]``) choosing the layer inside the
+    kernel (so no slice of the pool becomes an XLA op of its own: the call stays capturable in a CUDA graph).
     ``block`` (prefix tokens per step, a multiple of 64 and of the page size) and ``stages`` (blocks in
     flight) default to ``BLOCK`` / what fits in shared memory."""
+    if k_pool.ndim == 3:
+        k_pool, v_pool = k_pool[None], v_pool[None]
+    layer = jnp.asarray(0 if layer is None else layer, jnp.int32).reshape(1)
     b, nq, hq, e = q.shape
     tiles = max(1, math.ceil(nq * (hq // hkv) / ROWS))
     out_rows = ROWS if tiles > 1 else -(-nq * (hq // hkv) // 8) * 8  # rows written per tile
@@ -174,7 +181,7 @@ def prefix_partials(q, hkv, k_pool, v_pool, page_table, prefix_lens, *, page_siz
     s = num_splits or default_num_splits(b, hkv * tiles, width * page_size, block)
     stages = stages or _stages(e, block, q.dtype.itemsize)
     body = functools.partial(
-        _body, page_size=page_size, num_pages=k_pool.shape[0] // page_size, width=width, block=block,
+        _body, page_size=page_size, num_pages=k_pool.shape[1] // page_size, width=width, block=block,
         stages=stages, tiles=tiles, out_rows=out_rows, num_splits=s, scale=float(sm_scale * LOG2E), dtype=q.dtype,
         interpret=bool(interpret))
     f32 = jnp.float32
@@ -187,4 +194,4 @@ def prefix_partials(q, hkv, k_pool, v_pool, page_table, prefix_lens, *, page_siz
         compiler_params=plgpu.CompilerParams(approx_math=True),
         interpret=interpret_params() if interpret else None,
     )
-    return kernel(query_rows(q, hkv, tiles * ROWS), k_pool, v_pool, page_table, prefix_lens)
+    return kernel(query_rows(q, hkv, tiles * ROWS), k_pool, v_pool, page_table, prefix_lens, layer)

@@ -239,3 +239,26 @@ def test_slots_outside_the_prefixes_are_never_used(impl):
     got = np.asarray(_run(poisoned, g, impl, **kw).astype(jnp.float32))
     assert np.isfinite(want).all()
     np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("impl", ["reference", "triton", "mosaic"])
+def test_layer_of_a_whole_pool(impl):
+    """``layer=``: a model's ``[L, X, Hkv, E]`` pool and a layer index (an int, or ``i32[]`` under jit) give
+    exactly what that layer's own pool gives; the other layers hold NaN, so reading one would show."""
+    seed = int(np.random.SeedSequence().entropy % 2**31)
+    dtype = jnp.float32 if impl != "mosaic" else jnp.bfloat16
+    a, g = _case(seed, b=2, nq=3, hq=4, hkv=2, e=64, g=16, pages=12, p_width=4, dtype=dtype, lens=[37, 64])
+    kw = dict(interpret=impl != "reference", num_splits=2) if impl != "reference" else {}
+    want = _run(a, g, impl, **kw)
+    nan = jnp.full_like(a["k_pool"], jnp.nan)
+    whole = dict(a, k_pool=jnp.stack([nan, nan, a["k_pool"]]), v_pool=jnp.stack([nan, a["v_pool"], nan]))
+    k_at_2 = dict(whole, v_pool=jnp.stack([nan, nan, a["v_pool"]]))
+    got = _run(k_at_2, g, impl, layer=2, **kw)
+    np.testing.assert_array_equal(np.asarray(got.astype(jnp.float32)), np.asarray(want.astype(jnp.float32)),
+                                  err_msg=f"seed {seed}")
+    traced = jax.jit(lambda x, i: _run(x, g, impl, layer=i, **kw))(k_at_2, jnp.int32(2))
+    np.testing.assert_array_equal(np.asarray(traced.astype(jnp.float32)), np.asarray(want.astype(jnp.float32)))
+    with pytest.raises(ValueError, match="layer"):
+        _run(whole, g, impl, layer=3, **kw)
+    with pytest.raises(ValueError, match="k_pool"):
+        _run(a, g, impl, layer=0, **kw)  # a single layer's pool with layer=

@@ -121,14 +121,22 @@ def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: jax.Array) -> jax.A
 
 def _write_slots(write_locs, num_slots: int):
     """``write_locs`` flattened, a slot outside ``[0, num_slots)`` sent to slot 0: the dummy slot that padding
-    tokens write to (page 0, never a request's; SGLang's KV pools keep slot 0 for the same purpose), so the
-    writes need no bounds check: XLA:GPU can then write a single token's K/V as one in-place update, without
-    the select kernel that keeps the old value where a slot is out of bounds. With checks on
-    (``JAXSPEC_CHECKS``) an out-of-range slot is an error."""
+    tokens write to (page 0, never a request's; SGLang's KV pools keep slot 0 for the same purpose), so every
+    write is in range (``_write``). With checks on (``JAXSPEC_CHECKS``) an out-of-range slot is an error."""
     flat = write_locs.reshape(-1)
     ok = (flat >= 0) & (flat < num_slots)
     check(jnp.all(ok), f"write_locs: every slot must lie in [0, {num_slots}) (the KV pool's slots)")
     return jnp.where(ok, flat, 0)
+
+
+def _write(pool, layer: int, slots, x):
+    """``pool [L, X, Hkv, E]`` with ``x [n, Hkv, E]`` written at ``pool[layer, slots]`` (slots in range:
+    ``_write_slots``). One token (batch-1 decode) is a ``dynamic_update_slice``: a scatter's out-of-bounds
+    semantics made XLA:GPU write it as a select kernel (keep the old value where out of bounds) plus the
+    update; in range, the update's start is never clamped."""
+    if slots.shape[0] == 1:
+        return jax.lax.dynamic_update_slice(pool, x[None], (jnp.int32(layer), slots[0], jnp.int32(0), jnp.int32(0)))
+    return pool.at[layer, slots].set(x, mode="promise_in_bounds")
 
 
 class SelfAttention(nnx.Module):
@@ -168,13 +176,13 @@ class SelfAttention(nnx.Module):
             if meta.write_locs is not None:
                 flat = _write_slots(meta.write_locs, cache.k.shape[1])
                 cache = PagedKVCache(
-                    k=cache.k.at[layer, flat].set(k.reshape(b * nq, hkv, e).astype(dt), mode="promise_in_bounds"),
-                    v=cache.v.at[layer, flat].set(v.reshape(b * nq, hkv, e).astype(dt), mode="promise_in_bounds"),
+                    k=_write(cache.k, layer, flat, k.reshape(b * nq, hkv, e).astype(dt)),
+                    v=_write(cache.v, layer, flat, v.reshape(b * nq, hkv, e).astype(dt)),
                     req_to_token=cache.req_to_token,
                 )
-            out = paged_attention(q.astype(dt), k.astype(dt), v.astype(dt), cache.k[layer], cache.v[layer],
-                                  meta.page_table, meta.prefix_lens, meta.qmask, page_size=meta.page_size,
-                                  sm_scale=e**-0.5, implementation=meta.implementation, interpret=meta.interpret)
+            out = paged_attention(q.astype(dt), k.astype(dt), v.astype(dt), cache.k, cache.v, meta.page_table,
+                                  meta.prefix_lens, meta.qmask, page_size=meta.page_size, sm_scale=e**-0.5,
+                                  implementation=meta.implementation, interpret=meta.interpret, layer=layer)
         return self.o_proj(out.reshape(b, nq, -1)), cache
 
 
