@@ -117,7 +117,8 @@ def weight_bytes(model) -> dict:
     def size(tree, what=nnx.Param):
         return sum(x.size * x.dtype.itemsize for x in __import__("jax").tree.leaves(nnx.state(tree, what)))
 
-    head = size(model.norm) + (size(model.lm_head) if model.lm_head is not None else size(model.embed_tokens))
+    emb = model.embed_tokens[...]  # a tied head (Llama-3.2-1B) reads the embedding table
+    head = size(model.norm) + (size(model.lm_head) if model.lm_head is not None else emb.size * emb.dtype.itemsize)
     dk = None if model.draft_head is None else model.draft_head.kernel[...]
     dhead = head if dk is None else size(model.norm) + dk.size * dk.dtype.itemsize
     layers = size(model.layers)
