@@ -133,7 +133,8 @@ def _write(pool, layer: int, slots, x):
     """``pool [L, X, Hkv, E]`` with ``x [n, Hkv, E]`` written at ``pool[layer, slots]`` (slots in range:
     ``_write_slots``). One token (batch-1 decode) is a ``dynamic_update_slice``: a scatter's out-of-bounds
     semantics made XLA:GPU write it as a select kernel (keep the old value where out of bounds) plus the
-    update; in range, the update's start is never clamped."""
+    update (H200, 8B plain step at batch 1: 538 kernels instead of 606); in range, the update's start is never
+    clamped."""
     if slots.shape[0] == 1:
         return jax.lax.dynamic_update_slice(pool, x[None], (jnp.int32(layer), slots[0], jnp.int32(0), jnp.int32(0)))
     return pool.at[layer, slots].set(x, mode="promise_in_bounds")
