@@ -492,7 +492,7 @@ class Engine:
             self.policy_memory[int(state.done.shape[0])] = jax.tree.map(jnp.copy, state.policy)
         return state
 
-    def calibrate(self, batch_size: int, *, context: int | None = None, rounds: int = 4) -> np.ndarray:
+    def calibrate(self, batch_size: int, *, context: int | None = None, rounds: int | None = None) -> np.ndarray:
         """Adaptive engines: measure the seconds per round of each mode (plain, then each draft shape) at the
         batch bucket of ``batch_size`` on the device, store them in ``round_costs[bucket]`` (read by the
         policy of every later ``prepare`` at that bucket) and return them.
@@ -501,14 +501,18 @@ class Engine:
         (default: half of ``max_context``; the K/V there are zeros, which costs the same). Per mode: one untimed
         round (the first call of a bucket compiles the decode loop), then a 1-round and a ``1 + rounds``-round
         call of the loop, three times each, whose fastest calls' difference over ``rounds`` is the cost (the call's
-        fixed cost cancels).
+        fixed cost cancels). ``rounds`` default: the most, up to 4, whose calibration fits in ``max_context``.
         """
         if self.opts.adaptive is None:
             raise ValueError("calibrate: only adaptive engines (adaptive=True) choose modes by cost")
         if not isinstance(batch_size, int) or not 1 <= batch_size <= self.max_batch:
             raise ValueError(f"batch_size: expected an int in [1, max_batch={self.max_batch}], got {batch_size!r}")
+        if rounds is None:  # the most (up to 4) whose calibration rounds fit in max_context
+            fits = [r for r in (4, 3, 2, 1)
+                    if 1 + self.opts.verify_width + self._calibration_tokens(r) <= self.max_context]
+            rounds = fits[0] if fits else 1
         if not isinstance(rounds, int) or rounds < 1:
-            raise ValueError(f"rounds: expected an int >= 1, got {rounds!r}")
+            raise ValueError(f"rounds: expected None or an int >= 1, got {rounds!r}")
         m, width = 1 + len(self.opts.specs), self.opts.verify_width
         max_new = self._calibration_tokens(rounds)
         room = self.max_context - 1 - width - max_new
@@ -579,9 +583,7 @@ class Engine:
     def _ensure_calibrated(self, batch_size: int) -> None:
         if self.opts.adaptive is not None and 0 < batch_size <= self.max_batch:
             if next_pow2(batch_size) not in self.round_costs:
-                fits = [r for r in (4, 3, 2, 1)
-                        if 1 + self.opts.verify_width + self._calibration_tokens(r) <= self.max_context]
-                self.calibrate(batch_size, rounds=fits[0] if fits else 4)
+                self.calibrate(batch_size)
 
     def generate_host_driven(
         self, prompts: Sequence, max_new_tokens, *, temperature=0.0, top_k=None, top_p=1.0, seed=0
