@@ -318,7 +318,7 @@ def adaptive_rows(model, wb, name, batch, contexts, width, args, gbps, plain_ms,
                 cal_s = time.perf_counter() - tc
             eng.round_costs[next_pow2(batch)] = costs  # the same costs for every simulated mean
             m = run_loop(eng, batch, context, args.max_new, args.repeats)  # warm: the compile loop taught the policy
-            c = run_loop(eng, batch, context, args.max_new, args.repeats, cold=True)  # every loop explores afresh
+            cold = run_loop(eng, batch, context, args.max_new, args.repeats, cold=True)  # every loop explores afresh
             pms = plain_ms.get((batch, context))
             base = None if pms is None else batch / (pms * 1e-3)
             row = dict(model=name, config="adaptive", draft_vocab=dv, batch=batch, context=context,
@@ -327,14 +327,14 @@ def adaptive_rows(model, wb, name, batch, contexts, width, args, gbps, plain_ms,
                        roofline_ms=roofline_ms(wb, model, None, batch, context, gbps), compile_s=m["compile_s"],
                        speedup=None if base is None else m["tok_s"] / base,
                        efficiency=None if base is None else m["tok_s"] / base / m["accept"],
-                       mode_rounds=m["mode_rounds"], round_costs_ms=[float(x) * 1e3 for x in costs],
-                       calibrate_s=cal_s, tok_s_cold=c["tok_s"], mode_rounds_cold=c["mode_rounds"],
-                       speedup_cold=None if base is None else c["tok_s"] / base)
+                       mode_rounds=m["mode_rounds"], round_costs_ms=[float(c) * 1e3 for c in costs],
+                       calibrate_s=cal_s, tok_s_cold=cold["tok_s"], mode_rounds_cold=cold["mode_rounds"],
+                       speedup_cold=None if base is None else cold["tok_s"] / base)
             row["x_roof"] = row["ms_round"] / row["roofline_ms"]
             rows.append(row)
             _print_row(row)
             print(f"      warm-started policy (the row): rounds plain/chain/tree {m['mode_rounds']}; cold start: "
-                  f"{c['tok_s']:,.0f} tok/s, rounds {c['mode_rounds']}", flush=True)
+                  f"{cold['tok_s']:,.0f} tok/s, rounds {cold['mode_rounds']}", flush=True)
             print(f"      calibrated ms/round "
                   f"{', '.join(f'{c * 1e3:.3f}' for c in costs)} ({cal_s:.1f} s incl. compile)", flush=True)
             if args.json:

@@ -128,8 +128,7 @@ def _prefix_slots(page_table, page_size, num_slots):
 
 
 def _reference(q, k_new, v_new, k_pool, v_pool, page_table, prefix_lens, qmask, layer, *, page_size, sm_scale):
-    k_pool, v_pool, layer = _pools(k_pool, v_pool, layer)
-    k_pool, v_pool = (jax.lax.dynamic_index_in_dim(x, layer, 0, keepdims=False) for x in (k_pool, v_pool))
+    k_pool, v_pool = _one_layer(k_pool, v_pool, layer)
     b, nq, hq, e = q.shape
     hkv = k_new.shape[2]
     prec = jax.lax.Precision.HIGHEST
@@ -161,11 +160,11 @@ def paged_attention_reference(
                           page_size=int(page_size), sm_scale=float(sm_scale))
 
 
-def _pools(k_pool, v_pool, layer):
-    """Inside jit: ``([L, X, Hkv, E] pools, i32[] layer)``; a single layer's pool is ``L = 1`` (a free reshape)."""
+def _one_layer(k_pool, v_pool, layer):
+    """Inside jit: the ``[X, Hkv, E]`` pools of ``layer`` (``None``: the pools are one layer's already)."""
     if layer is None:
-        return k_pool[None], v_pool[None], jnp.int32(0)
-    return k_pool, v_pool, jnp.asarray(layer, jnp.int32)
+        return k_pool, v_pool
+    return tuple(jax.lax.dynamic_index_in_dim(x, layer, 0, keepdims=False) for x in (k_pool, v_pool))
 
 
 _reference_jit = jax.jit(_reference, static_argnames=("page_size", "sm_scale"))
@@ -315,14 +314,13 @@ def paged_attention(
 def _kernel_jit(q, k_new, v_new, k_pool, v_pool, page_table, prefix_lens, qmask, layer, *, impl, page_size,
                 sm_scale, interpret, num_splits):
     kw = dict(page_size=page_size, sm_scale=sm_scale, num_splits=num_splits, interpret=interpret)
-    k_pool, v_pool, layer = _pools(k_pool, v_pool, layer)
-    if impl == "mosaic":  # the whole [L, X, Hkv, E] pool goes in; the kernel reads its layer
+    if impl == "mosaic":  # a whole [L, X, Hkv, E] pool goes in unsliced; the kernel reads its layer
         from jaxspec.kernels.paged_attention_mosaic import prefix_partials
 
         acc, m, l = prefix_partials(q, k_new.shape[2], k_pool, v_pool, page_table, prefix_lens, layer=layer, **kw)
     else:
         from jaxspec.kernels.paged_attention_triton import prefix_partials
 
-        k_pool, v_pool = (jax.lax.dynamic_index_in_dim(x, layer, 0, keepdims=False) for x in (k_pool, v_pool))
+        k_pool, v_pool = _one_layer(k_pool, v_pool, layer)
         acc, m, l = prefix_partials(q, k_new.shape[2], k_pool, v_pool, page_table, prefix_lens, **kw)
     return merge_partials(q, fresh_partial(q, k_new, v_new, qmask, sm_scale), acc, m, l)

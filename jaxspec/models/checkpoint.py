@@ -5,9 +5,9 @@ Tensor names are the Hugging Face Llama/Qwen2/Mistral ones (``model.embed_tokens
 ``lm_head`` when ``tie_word_embeddings``); the model's fused ``qkv_proj`` / ``gate_up_proj`` (SGLang's) are
 stacked from / split into ``q_proj, k_proj, v_proj`` / ``gate_proj, up_proj`` along the output axis. MTP
 layer ``s`` follows DeepSeek-V3: it is stored as decoder layer ``L + s`` (``model.layers.{L+s}.enorm / hnorm /
-eh_proj / self_attn.* / mlp.* / input_layernorm / post_attention_layernorm``) and ``config.json`` carries ``num_nextn_predict_layers``; its embedding, final
-norm and head are the target's (DeepSeek-V3's per-layer ``embed_tokens`` / ``shared_head`` copies, if
-present, are not read). Files are read with ``safetensors`` (``framework="flax"``: no torch, bf16 kept);
+eh_proj / self_attn.* / mlp.* / input_layernorm / post_attention_layernorm``) and ``config.json`` carries
+``num_nextn_predict_layers``; its embedding, final norm and head are the target's (DeepSeek-V3's per-layer
+``embed_tokens`` / ``shared_head`` copies, if present, are not read). Files are read with ``safetensors`` (``framework="flax"``: no torch, bf16 kept);
 sharded checkpoints go through ``model.safetensors.index.json``. Nothing is downloaded.
 """
 
@@ -130,7 +130,7 @@ def load_weights(model: Decoder, path: str, *, strict: bool = True) -> Decoder:
                     raise ValueError(f"{path}: tensor {name}: expected shape {want}, found {found}")
                 tensors[name] = np.asarray(f.get_tensor(name))  # bf16 arrives as an ml_dtypes array
         for var, transpose, parts in plan:  # host-side stack (fused projections), transpose and cast
-            if parts[0][0] in tensors and all(name in tensors for name, _ in parts):
+            if all(name in tensors for name, _ in parts):
                 arr = np.concatenate([tensors.pop(name) for name, _ in parts], axis=0)
                 var.set_value(jnp.asarray((arr.T if transpose else arr).astype(model.param_dtype)))
     return model
