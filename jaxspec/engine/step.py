@@ -239,11 +239,12 @@ def _round_accept(old: DecodeState, new: DecodeState) -> jax.Array:
 def decode_loop(target, drafter, opts: EngineOptions, state: DecodeState, force_mode=None, max_rounds=None):
     """The compiled decode loop: rounds until every request is done (or ``max_rounds``, traced ``i32[]``).
 
-    Adaptive engines run it as segments: an outer ``while_loop`` picks the policy's mode (or ``force_mode``,
-    traced, ``-1`` = the policy's) and ``lax.switch``es into an inner ``while_loop`` of that mode's rounds,
-    which runs while the policy keeps choosing it. A conditional copies the buffers it carries (measured
-    with one ``lax.switch`` per round: whole KV pools per round), so the copies happen once per mode change,
-    never per round; the inner loops are the fixed-shape loops."""
+    Adaptive engines run it as segments: the body of an outer ``while_loop`` is one inner ``while_loop`` per
+    mode, in mode order, each running that mode's rounds while the policy (or ``force_mode``, traced, ``-1`` =
+    the policy's) chooses it: zero rounds when it is not chosen. Every iteration of the outer loop runs at
+    least one round (the mode chosen at its start). No conditional: a ``lax.switch`` copies buffers it
+    carries (whole KV pools, measured), while loops alias their carry, so each segment is the fixed-shape
+    loop of its mode."""
     limit = jnp.int32(2**31 - 1) if max_rounds is None else max_rounds
     live = lambda c: ~jnp.all(c[0].done) & (c[1] < limit)  # noqa: E731
     if opts.adaptive is None:
@@ -262,7 +263,8 @@ def decode_loop(target, drafter, opts: EngineOptions, state: DecodeState, force_
         return lambda c: jax.lax.while_loop(lambda c: live(c) & (pick(c[0]) == mode), body, c)
 
     segments = [segment(m, f) for m, f in enumerate(_mode_branches(target, drafter, opts))]
-    return jax.lax.while_loop(live, lambda c: jax.lax.switch(pick(c[0]), segments, c), (state, jnp.int32(0)))[0]
+    return jax.lax.while_loop(live, lambda c: functools.reduce(lambda c, seg: seg(c), segments, c),
+                              (state, jnp.int32(0)))[0]
 
 
 def decode_step(target, drafter, opts: EngineOptions, state: DecodeState) -> DecodeState:
