@@ -133,3 +133,28 @@ def test_pallas_interpret_kernels(models, prompts, plain, spec):
     """The same loop with every jaxspec.kernels op forced to its Pallas kernel (interpreted on CPU)."""
     res = _engine(models["trained"], spec, 16, implementation="pallas", interpret=True).generate(prompts, MAX_NEW)
     _assert_same(res, plain["trained"])
+
+
+def test_entry_points_looked_up_once(models, prompts, monkeypatch):
+    """An engine looks its jitted entry points up once per checks setting: the lookup's cache key hashes the NNX
+    GraphDef (milliseconds), which was paid on every call before. ``run_decode`` passes its two scalars as
+    explicit transfers, so the decode call runs under ``jax.transfer_guard("disallow")``."""
+    from jaxspec.engine import engine as engine_mod
+
+    calls = []
+    real = engine_mod._compiled
+
+    def counting(*args):
+        calls.append(args[-1])
+        return real(*args)
+
+    monkeypatch.setattr(engine_mod, "_compiled", counting)
+    eng = _engine(models["trained"], CHAIN)
+    first = eng.generate(prompts, MAX_NEW)
+    _assert_same(eng.generate(prompts, MAX_NEW), first)
+    state = eng.run_prefill(*eng.prepare(prompts, MAX_NEW))
+    state = jax.block_until_ready(eng.run_decode(state, max_rounds=1))
+    with jax.transfer_guard("disallow"):
+        state = jax.block_until_ready(eng.run_decode(state))
+    assert calls == [False], calls
+    assert int(jnp.min(state.num_generated)) == MAX_NEW
