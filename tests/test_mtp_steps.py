@@ -137,20 +137,3 @@ def test_engine_lossless_with_one_layer_head(one_layer_pair, spec):
     for a, b in zip(res.tokens, plain.tokens):
         np.testing.assert_array_equal(a, b)
     assert 1.0 <= res.mean_accept_length <= spec.num_steps + 1
-
-
-@pytest.mark.parametrize("rows", [[3], [0], [7], [5, 0, 7, 5]])
-def test_take_rows_is_the_gather(rows):
-    """``take_rows`` (the drafter's row selection; one row is a masked sum, see its docstring) equals ``x[rows]``
-    bit for bit, in the input dtype, and a NaN / inf in an unselected row does not leak into the selected one."""
-    from jaxspec.models.mtp_drafter import take_rows
-
-    rng = np.random.default_rng(len(rows) * 10 + rows[0])
-    x = np.asarray(rng.standard_normal((8, 6)), np.float32)
-    x[1, 2], x[6, 0] = np.nan, np.inf  # rows never selected above
-    for dtype in (jnp.float32, jnp.bfloat16):
-        xs = jnp.asarray(x, dtype)
-        r = jnp.asarray(rows, jnp.int32)
-        got = jax.jit(take_rows)(xs, r)
-        assert got.dtype == dtype and got.shape == (len(rows), 6)
-        np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(xs[r], np.float32))

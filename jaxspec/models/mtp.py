@@ -21,7 +21,6 @@ from flax import nnx
 
 from jaxspec.models.config import DecoderConfig
 from jaxspec.models.decoder import Decoder, DecoderLayer, Linear, RMSNorm
-from jaxspec.models.mtp_drafter import take_rows
 from jaxspec.protocols import AttentionMetadata, PagedKVCache
 
 
@@ -119,7 +118,7 @@ class MTPModel(Decoder):
         if rows.ndim != 1:
             raise ValueError(f"rows: expected i32[R] indices into the B * Q = {x.shape[0] * x.shape[1]} rows, "
                              f"got shape {rows.shape}")
-        return self.draft_logits(take_rows(x.reshape(-1, x.shape[-1]), rows)), x, cache
+        return self.draft_logits(x.reshape(-1, x.shape[-1])[rows]), x, cache
 
 
 def add_mtp_layers(target: Decoder, num_mtp_layers: int, *, rngs: nnx.Rngs,

@@ -43,17 +43,6 @@ from jaxspec.protocols import AttentionMetadata, MTPHead, PagedKVCache, check_im
 from jaxspec.round import ChainDraft
 
 
-def take_rows(x: jax.Array, rows: jax.Array) -> jax.Array:
-    """``x[rows]`` for ``x [N, D]`` and ``rows i32[R]`` (in range). One row (batch 1) is a masked sum over the
-    ``N`` rows instead of a gather: XLA:GPU turns a one-row gather whose result feeds a GEMM into a dynamic-slice
-    copy that it runs asynchronously on a second stream, outside the loop's CUDA graph (measured on the H200:
-    the adaptive decode loop at batch 1 split into host-driven pieces). Exact (the other rows add zeros)."""
-    if rows.shape[0] != 1:
-        return x[rows]
-    hit = jnp.arange(x.shape[0], dtype=rows.dtype)[:, None] == rows[0]
-    return jnp.sum(jnp.where(hit, x, jnp.zeros((), x.dtype)), axis=0, keepdims=True)
-
-
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class MTPDraftState:
@@ -178,7 +167,7 @@ class MTPDrafter:
                         idx = tids[idx]
                     chain_q.append(_full_vocab(qs, tids, vocab))
             if s == 0:  # carried as float32 (exact for bf16 / f16 heads; a fixed loop-carry dtype)
-                first = (p, idx, take_rows(h.reshape(b * q, -1), select).astype(jnp.float32))
+                first = (p, idx, h.reshape(b * q, -1)[select].astype(jnp.float32))
             chain_p.append(p[:, :1])
             chain_i.append(idx[:, :1])
             if s + 1 < spec.num_steps:
