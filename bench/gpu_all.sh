@@ -2,7 +2,7 @@
 # Everything jaxspec measures and checks on the H200, in one call of the device tool:
 #   run(command="bash bench/gpu_all.sh [parts]", carry=[".originals"])
 # parts (default: env tests kernels check step decode; also decode-quick (greedy device loop only), attention, attention-quick, e2e: end-to-end at
-# 8B / 1B scale, bench/e2e.py --quick, about 9 min: one call on its own). All of them take
+# 8B / 1B scale, bench/e2e.py --quick, about 9 min: one call on its own; call-cost: bench/call_cost.py). All of them take
 # more than one device call allows (10 min): run them as two calls, e.g. "env tests check step" then
 # "env decode attention".
 # Writes logs/JSON/PNG under $OUT (or ./out). Keeps going after a failing part; exit 1 if any failed.
@@ -55,6 +55,14 @@ for p in $PARTS; do case $p in
       [ "$f" = "-" ] && f=""; echo "XLA_FLAGS set $i: '$f'"
       XLA_FLAGS="$f" run "e2e_flags_$i" ${E2E_TIMEOUT:-200} $PY bench/e2e.py ${E2E_ARGS:---quick} --json "$OUT/e2e_flags_$i.json"
       i=$((i + 1)); done ;;
+  # call-cost: a decode call's fixed cost next to its round cost, fresh vs reused state buffers (bench/call_cost.py),
+  # at CALL_COST_BATCHES, with XLA's command-buffer update log (each re-record and its microseconds)
+  call-cost) for b in ${CALL_COST_BATCHES:-1 8}; do
+      XLA_FLAGS="${XLA_FLAGS-$GPU_XLA_FLAGS}" TF_CPP_MIN_LOG_LEVEL=0 TF_CPP_VMODULE=command_buffer_thunk=3 \
+        run "call_cost_b$b" 280 $PY bench/call_cost.py --batch "$b" --json "$OUT/call_cost_b$b.json"
+      echo "command-buffer updates at batch $b (count, time, commands):"
+      grep -ao "Updated command buffer in [0-9]* .s; num_commands=[0-9]*" "$OUT/call_cost_b$b.log" | sort | uniq -c | sort -rn | head -12
+    done ;;
   attention) run attention 330 $PY bench/attention.py --json "$OUT/attention.json" --png "$OUT/attention.png" ;;
   attention-quick) run attention 150 $PY bench/attention.py --quick --triton --json "$OUT/attention.json" --png "$OUT/attention.png" ;;
   *) echo "unknown part $p"; fail=1 ;;
