@@ -21,7 +21,6 @@ from flax import nnx
 
 from jaxspec.config import SpecConfig
 from jaxspec.engine import Engine
-from jaxspec.engine.engine import _compiled
 from jaxspec.models import TINY_PAIR_CONFIG, MTPDrafter, MTPModel
 
 CHAIN = SpecConfig(num_steps=3, topk=1, num_draft_tokens=4)
@@ -54,7 +53,7 @@ def test_buckets_share_one_executable(model):
     eng = Engine(model, None, max_context=48, page_size=16, max_batch=4)
     prompts = [np.arange(2, 2 + n) % 64 for n in (4, 9, 6, 3)]
     full = eng.generate(prompts, [16, 9, 5, 12])
-    jitted = _compiled(eng.graphdef, eng._treedef, eng.opts, False).generate
+    jitted = eng._entry_points(False).generate
     compiles = jitted._cache_size()
     part = eng.generate(prompts[:3], 11)
     assert jitted._cache_size() == compiles

@@ -17,7 +17,6 @@ import pytest
 from jaxspec.config import SpecConfig
 from jaxspec.corpus import make_prompts
 from jaxspec.engine import Engine
-from jaxspec.engine.engine import _compiled
 from jaxspec.models import MockVocab, MTPDrafter, load_pair
 
 W = 64
@@ -101,7 +100,7 @@ def test_request_alone_equals_request_in_batch(model, prompts):
 
 def test_changing_parameters_never_recompiles(model, prompts):
     eng = _engine(model, CHAIN)
-    fn = _compiled(eng.graphdef, eng._treedef, eng.opts, False).generate
+    fn = eng._entry_points(False).generate
     eng.generate(prompts, MAX_NEW, **SAMPLING)
     eng.generate(prompts, MAX_NEW)
     size = fn._cache_size()
