@@ -1,7 +1,7 @@
 """The fixed cost of one decode call next to the cost of a round: plain, chain and adaptive engines at one batch
 and context (8B shape, simulated mean accept 3.0 for the speculative ones).
 
-``python bench/call_cost.py [--batch 1] [--context 1024] [--rounds 8] [--json PATH]``
+``python bench/call_cost.py [--batch 1] [--context 1024] [--rounds 8] [--json PATH] [--trace DIR]``
 
 Per engine, ``Engine.run_decode`` calls of 1 and ``1 + rounds`` rounds, three of each, timed two ways:
 * fresh: every call starts from a newly prefilled state (new device buffers, as ``bench/e2e.py``'s loops and
@@ -12,6 +12,12 @@ Per way: round ms = (fastest ``1 + rounds`` call - fastest 1-round call) / round
 1-round call - round ms (what a call costs besides its rounds). With XLA:GPU command buffers a call whose
 buffers moved re-records the commands that use them (``TF_CPP_VMODULE=command_buffer_thunk=3`` logs each
 update and its microseconds); the two ways separate that from the rest of a call's cost.
+
+``--trace DIR``: then one ``1 + rounds``-round call per engine under ``jax.profiler`` (a Perfetto trace per engine
+in ``DIR/<config>``), summarised per device stream: events, busy ms (the sum of their durations), span ms (first
+start to last end) and the costliest event names, each per round. Busy time equal between two engines and span
+not: the difference is gaps (launches, host round trips); busy time not equal: the events say which kernels or
+copies.
 """
 
 import json
@@ -31,6 +37,7 @@ def _parse(argv):
     ap.add_argument("--rounds", type=int, default=8, help="rounds of the long call")
     ap.add_argument("--configs", default="plain,chain,adaptive", help="comma list of plain, chain, adaptive")
     ap.add_argument("--json", default=None, help="write the results here")
+    ap.add_argument("--trace", default=None, metavar="DIR", help="also trace one call per engine (docstring)")
     return ap.parse_args(argv)
 
 
@@ -79,6 +86,53 @@ def measure(eng, batch: int, context: int, rounds: int, max_new: int) -> dict:
     return out
 
 
+def trace_call(eng, batch: int, context: int, rounds: int, max_new: int, log_dir: str) -> dict:
+    """One warm ``1 + rounds``-round call under ``jax.profiler``; its device streams summarised (``--trace``)."""
+    import glob
+    import gzip
+
+    import jax
+
+    st = jax.block_until_ready(eng.run_decode(prefilled(eng, batch, context, max_new), max_rounds=1 + rounds))
+    st = prefilled(eng, batch, context, max_new)
+    jax.profiler.start_trace(log_dir, create_perfetto_trace=True)
+    try:
+        jax.block_until_ready(eng.run_decode(st, max_rounds=1 + rounds))
+    finally:
+        jax.profiler.stop_trace()
+    files = glob.glob(f"{log_dir}/**/*perfetto_trace.json.gz", recursive=True)
+    if not files:
+        return {}
+    with gzip.open(files[0]) as f:
+        data = json.load(f)
+    events = data["traceEvents"] if isinstance(data, dict) else data
+    names = {}
+    for e in events:
+        if e.get("ph") == "M" and e.get("name") in ("process_name", "thread_name"):
+            names[(e["name"], e.get("pid"), e.get("tid") if e["name"] == "thread_name" else None)] = e["args"]["name"]
+    streams: dict = {}
+    for e in events:
+        if e.get("ph") != "X" or "dur" not in e:
+            continue
+        proc = names.get(("process_name", e.get("pid"), None), str(e.get("pid")))
+        if "gpu" not in proc.lower() and "device" not in proc.lower():
+            continue
+        key = f"{proc} / {names.get(('thread_name', e.get('pid'), e.get('tid')), e.get('tid'))}"
+        streams.setdefault(key, []).append(e)
+    n = 1 + rounds
+    out = {}
+    for key, evs in streams.items():
+        per_name: dict = {}
+        for e in evs:
+            per_name[e["name"]] = per_name.get(e["name"], 0.0) + e["dur"]
+        start, end = min(e["ts"] for e in evs), max(e["ts"] + e["dur"] for e in evs)
+        top = sorted(per_name.items(), key=lambda kv: -kv[1])[:15]
+        out[key] = dict(events_per_round=len(evs) / n, busy_ms_per_round=sum(per_name.values()) / n / 1e3,
+                        span_ms_per_round=(end - start) / n / 1e3,
+                        top_us_per_round=[(k[:80], round(v / n, 2)) for k, v in top])
+    return out
+
+
 def main(argv=None) -> int:
     args = _parse(argv)
     import os
@@ -124,6 +178,11 @@ def main(argv=None) -> int:
               f"reused: round {r['reused']['round_ms']:.3f} ms, call {r['reused']['call_ms']:.3f} ms | fresh states "
               f"share buffers: {r['fresh_states_share_buffers']}, reused keeps them: {r['reused_state_keeps_buffers']}"
               f" ({time.perf_counter() - t0:.1f} s)", flush=True)
+        if args.trace:
+            r["trace"] = trace_call(eng, args.batch, args.context, args.rounds, max_new, f"{args.trace}/{name}")
+            for key, v in r["trace"].items():
+                print(f"  {key}: {v['events_per_round']:.0f} events, busy {v['busy_ms_per_round']:.3f} ms, span "
+                      f"{v['span_ms_per_round']:.3f} ms per round; top: {v['top_us_per_round'][:6]}", flush=True)
         del eng
     if args.json:
         with open(args.json, "w") as f:

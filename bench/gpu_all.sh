@@ -16,6 +16,8 @@ PY=python3
 # kernels, however short, and for the loops and conditionals themselves. Measured on the H200 (BENCHMARKS.md):
 # the 8B chain round at batch 32 9.5 ms instead of 12.1 ms (launch gaps between small kernels).
 GPU_XLA_FLAGS="--xla_gpu_graph_min_graph_size=1 --xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,WHILE,CONDITIONAL"
+# GPU_XLA_FLAGS_EXTRA: appended for one call (e.g. --xla_dump_to=... for the HLO and thunk sequences)
+GPU_XLA_FLAGS="$GPU_XLA_FLAGS${GPU_XLA_FLAGS_EXTRA:+ $GPU_XLA_FLAGS_EXTRA}"
 fail=0
 run() {  # run NAME TIMEOUT CMD...
   local name=$1 t=$2; shift 2
@@ -37,7 +39,7 @@ if ! $PY -m pip install -q --no-index --no-deps --no-build-isolation -e . >/dev/
 fi
 for p in $PARTS; do case $p in
   env) run env 120 $PY -c "import jax, torch, triton, jaxspec, jaxspec.kernels; print(jax.__version__, jax.devices(), torch.__version__, torch.cuda.get_device_name(), triton.__version__); import subprocess; print(subprocess.run(['nvcc','--version'],capture_output=True,text=True).stdout[-80:])" ;;
-  tests) run tests 300 $PY -m pytest -q -x -m gpu -p no:cacheprovider tests ;;
+  tests) run tests 300 $PY -m pytest -q -x -m gpu -p no:cacheprovider ${TESTS:-tests} ;;  # TESTS: a subset
   kernels) run kernels 300 $PY bench/kernels.py --move-configs 16x1,8x4 --span-modes par --reps 20 --json "$OUT/kernels.json" ;;
   check) run check 240 $PY -m jaxspec.interop.check --device cuda --seed 0 --cases 3 ;;
   step) run step 300 $PY bench/step.py --device cuda --json "$OUT/step.json" --png "$OUT/step.png" ;;
@@ -56,10 +58,11 @@ for p in $PARTS; do case $p in
       XLA_FLAGS="$f" run "e2e_flags_$i" ${E2E_TIMEOUT:-200} $PY bench/e2e.py ${E2E_ARGS:---quick} --json "$OUT/e2e_flags_$i.json"
       i=$((i + 1)); done ;;
   # call-cost: a decode call's fixed cost next to its round cost, fresh vs reused state buffers (bench/call_cost.py),
-  # at CALL_COST_BATCHES, with XLA's command-buffer update log (each re-record and its microseconds)
+  # at CALL_COST_BATCHES (CALL_COST_ARGS: more options, e.g. --trace), with XLA's command-buffer update log (each
+  # re-record and its microseconds)
   call-cost) for b in ${CALL_COST_BATCHES:-1 8}; do
       XLA_FLAGS="${XLA_FLAGS-$GPU_XLA_FLAGS}" TF_CPP_MIN_LOG_LEVEL=0 TF_CPP_VMODULE=command_buffer_thunk=3 \
-        run "call_cost_b$b" 280 $PY bench/call_cost.py --batch "$b" --json "$OUT/call_cost_b$b.json"
+        run "call_cost_b$b" 280 $PY bench/call_cost.py --batch "$b" --json "$OUT/call_cost_b$b.json" ${CALL_COST_ARGS:-}
       echo "command-buffer updates at batch $b (count, time, commands):"
       grep -ao "Updated command buffer in [0-9]* .s; num_commands=[0-9]*" "$OUT/call_cost_b$b.log" | sort | uniq -c | sort -rn | head -12
     done ;;
