@@ -1,7 +1,7 @@
 """The fixed cost of one decode call next to the cost of a round: plain, chain and adaptive engines at one batch
 and context (8B shape, simulated mean accept 3.0 for the speculative ones).
 
-``python bench/call_cost.py [--batch 1] [--context 1024] [--rounds 8] [--json PATH] [--trace DIR]``
+``python bench/call_cost.py [--batch 1] [--context 1024] [--rounds 8] [--json PATH] [--profile]``
 
 Per engine, ``Engine.run_decode`` calls of 1 and ``1 + rounds`` rounds, three of each, timed two ways:
 * fresh: every call starts from a newly prefilled state (new device buffers, as ``bench/e2e.py``'s loops and
@@ -13,11 +13,9 @@ Per way: round ms = (fastest ``1 + rounds`` call - fastest 1-round call) / round
 buffers moved re-records the commands that use them (``TF_CPP_VMODULE=command_buffer_thunk=3`` logs each
 update and its microseconds); the two ways separate that from the rest of a call's cost.
 
-``--trace DIR``: then one ``1 + rounds``-round call per engine under ``jax.profiler`` (a Perfetto trace per engine
-in ``DIR/<config>``), summarised per device stream: events, busy ms (the sum of their durations), span ms (first
-start to last end) and the costliest event names, each per round. Busy time equal between two engines and span
-not: the difference is gaps (launches, host round trips); busy time not equal: the events say which kernels or
-copies.
+``--profile``: also each engine's kernels in one ``1 + rounds``-round call (CUPTI, GPU only): kernels and their
+summed device time per round next to the round's wall time, and every kernel's us per round (in the JSON), so
+two engines' rounds can be compared kernel by kernel.
 """
 
 import json
@@ -35,9 +33,9 @@ def _parse(argv):
     ap.add_argument("--batch", type=int, default=1, help="batch size")
     ap.add_argument("--context", type=int, default=1024, help="tokens already in the KV")
     ap.add_argument("--rounds", type=int, default=8, help="rounds of the long call")
-    ap.add_argument("--configs", default="plain,chain,adaptive", help="comma list of plain, chain, adaptive")
+    ap.add_argument("--configs", default="plain,chain,adaptive", help="comma list of plain, chain, adaptive (plain, chain and tree), adaptive-chain (plain and chain)")
     ap.add_argument("--json", default=None, help="write the results here")
-    ap.add_argument("--trace", default=None, metavar="DIR", help="also trace one call per engine (docstring)")
+    ap.add_argument("--profile", action="store_true", help="also the kernels of one call per engine (docstring)")
     return ap.parse_args(argv)
 
 
@@ -86,51 +84,24 @@ def measure(eng, batch: int, context: int, rounds: int, max_new: int) -> dict:
     return out
 
 
-def trace_call(eng, batch: int, context: int, rounds: int, max_new: int, log_dir: str) -> dict:
-    """One warm ``1 + rounds``-round call under ``jax.profiler``; its device streams summarised (``--trace``)."""
-    import glob
-    import gzip
-
+def profile_call(eng, batch: int, context: int, rounds: int, max_new: int) -> dict:
+    """Kernels of one warm ``1 + rounds``-round call (``--profile``), per round."""
     import jax
+    from _timing import cupti_kernels
 
-    st = jax.block_until_ready(eng.run_decode(prefilled(eng, batch, context, max_new), max_rounds=1 + rounds))
-    st = prefilled(eng, batch, context, max_new)
-    jax.profiler.start_trace(log_dir, create_perfetto_trace=True)
-    try:
-        jax.block_until_ready(eng.run_decode(st, max_rounds=1 + rounds))
-    finally:
-        jax.profiler.stop_trace()
-    files = glob.glob(f"{log_dir}/**/*perfetto_trace.json.gz", recursive=True)
-    if not files:
-        return {}
-    with gzip.open(files[0]) as f:
-        data = json.load(f)
-    events = data["traceEvents"] if isinstance(data, dict) else data
-    names = {}
-    for e in events:
-        if e.get("ph") == "M" and e.get("name") in ("process_name", "thread_name"):
-            names[(e["name"], e.get("pid"), e.get("tid") if e["name"] == "thread_name" else None)] = e["args"]["name"]
-    streams: dict = {}
-    for e in events:
-        if e.get("ph") != "X" or "dur" not in e:
-            continue
-        proc = names.get(("process_name", e.get("pid"), None), str(e.get("pid")))
-        if "gpu" not in proc.lower() and "device" not in proc.lower():
-            continue
-        key = f"{proc} / {names.get(('thread_name', e.get('pid'), e.get('tid')), e.get('tid'))}"
-        streams.setdefault(key, []).append(e)
     n = 1 + rounds
-    out = {}
-    for key, evs in streams.items():
-        per_name: dict = {}
-        for e in evs:
-            per_name[e["name"]] = per_name.get(e["name"], 0.0) + e["dur"]
-        start, end = min(e["ts"] for e in evs), max(e["ts"] + e["dur"] for e in evs)
-        top = sorted(per_name.items(), key=lambda kv: -kv[1])[:15]
-        out[key] = dict(events_per_round=len(evs) / n, busy_ms_per_round=sum(per_name.values()) / n / 1e3,
-                        span_ms_per_round=(end - start) / n / 1e3,
-                        top_us_per_round=[(k[:80], round(v / n, 2)) for k, v in top])
-    return out
+    jax.block_until_ready(eng.run_decode(prefilled(eng, batch, context, max_new), max_rounds=n))
+    st = [prefilled(eng, batch, context, max_new)]
+    out = []
+
+    def call():
+        out.append(eng.run_decode(st.pop(), max_rounds=n))
+
+    per = cupti_kernels(call, lambda: jax.block_until_ready(out[-1] if out else None), n, calls=1)
+    if per is None:
+        return {}
+    return dict(kernels_per_round=cupti_kernels.last_count, kernel_us_per_round=sum(per.values()),
+                per_kernel_us={k[:100]: round(v, 3) for k, v in sorted(per.items(), key=lambda kv: -kv[1])})
 
 
 def main(argv=None) -> int:
@@ -165,11 +136,12 @@ def main(argv=None) -> int:
             eng = Engine(model, None, **kw)
         elif name == "chain":
             eng = Engine(model, MTPDrafter(model), spec=specs["chain"], simulate_accept=sim, **kw)
-        elif name == "adaptive":
-            eng = Engine(model, MTPDrafter(model), spec=tuple(specs[c] for c in ADAPTIVE_SPECS), adaptive=True,
+        elif name in ("adaptive", "adaptive-chain"):  # adaptive-chain: plain decoding and the chain only
+            shapes = ADAPTIVE_SPECS if name == "adaptive" else ("chain",)
+            eng = Engine(model, MTPDrafter(model), spec=tuple(specs[c] for c in shapes), adaptive=True,
                          simulate_accept=sim, **kw)
             # costs that make the chain the policy's choice (its rounds are what is compared)
-            eng.round_costs[next_pow2(args.batch)] = np.array([1.0, 1.0, 10.0], np.float32)
+            eng.round_costs[next_pow2(args.batch)] = np.array([1.0, 1.0, 10.0][:1 + len(shapes)], np.float32)
         else:
             raise SystemExit(f"--configs: unknown config {name!r}")
         t0 = time.perf_counter()
@@ -178,11 +150,12 @@ def main(argv=None) -> int:
               f"reused: round {r['reused']['round_ms']:.3f} ms, call {r['reused']['call_ms']:.3f} ms | fresh states "
               f"share buffers: {r['fresh_states_share_buffers']}, reused keeps them: {r['reused_state_keeps_buffers']}"
               f" ({time.perf_counter() - t0:.1f} s)", flush=True)
-        if args.trace:
-            r["trace"] = trace_call(eng, args.batch, args.context, args.rounds, max_new, f"{args.trace}/{name}")
-            for key, v in r["trace"].items():
-                print(f"  {key}: {v['events_per_round']:.0f} events, busy {v['busy_ms_per_round']:.3f} ms, span "
-                      f"{v['span_ms_per_round']:.3f} ms per round; top: {v['top_us_per_round'][:6]}", flush=True)
+        if args.profile:
+            p = r["profile"] = profile_call(eng, args.batch, args.context, args.rounds, max_new)
+            if p:
+                top = list(p["per_kernel_us"].items())[:6]
+                print(f"  kernels: {p['kernels_per_round']:.0f} per round, {p['kernel_us_per_round'] / 1e3:.3f} ms of "
+                      f"device time per round; top us: {top}", flush=True)
         del eng
     if args.json:
         with open(args.json, "w") as f:

@@ -58,7 +58,7 @@ for p in $PARTS; do case $p in
       XLA_FLAGS="$f" run "e2e_flags_$i" ${E2E_TIMEOUT:-200} $PY bench/e2e.py ${E2E_ARGS:---quick} --json "$OUT/e2e_flags_$i.json"
       i=$((i + 1)); done ;;
   # call-cost: a decode call's fixed cost next to its round cost, fresh vs reused state buffers (bench/call_cost.py),
-  # at CALL_COST_BATCHES (CALL_COST_ARGS: more options, e.g. --trace), with XLA's command-buffer update log (each
+  # at CALL_COST_BATCHES (CALL_COST_ARGS: more options, e.g. --configs), with XLA's command-buffer update log (each
   # re-record and its microseconds)
   call-cost) for b in ${CALL_COST_BATCHES:-1 8}; do
       XLA_FLAGS="${XLA_FLAGS-$GPU_XLA_FLAGS}" TF_CPP_MIN_LOG_LEVEL=0 TF_CPP_VMODULE=command_buffer_thunk=3 \

@@ -123,10 +123,12 @@ def compact_accept_to_front_reference(x, accept_index, *, num_draft_tokens):
     ``-1`` entries clamp to global node 0 (they land past ``accept_lens``, never read upstream)."""
     bs, a = accept_index.shape
     n = num_draft_tokens
-    safe = jnp.maximum(accept_index, 0).reshape(-1)
-    gathered = x[safe].reshape(bs, a, *x.shape[1:])
-    blocks = x.reshape(bs, n, *x.shape[1:])
-    return blocks.at[:, :a].set(gathered).reshape(x.shape)
+    # One gather over every row, rows past A reading themselves: a gather plus an update of [:, :A] would be,
+    # at B = 1, a contiguous copy that XLA:GPU runs as a dynamic-slice copy on a second stream, outside its
+    # command buffers (H200: it split the batch-1 adaptive loop, whose tree segment holds this op)
+    own = jnp.arange(bs * n, dtype=jnp.int32).reshape(bs, n)
+    src = jnp.concatenate([jnp.maximum(accept_index, 0), own[:, a:]], axis=1)
+    return x[src.reshape(-1)]
 
 
 def accepted_prefix(accept_index, accept_lens, num_draft_tokens: int):

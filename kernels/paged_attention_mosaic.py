@@ -1,8 +1,8 @@
 """Prefix part of ``paged_attention`` as a Pallas **Mosaic GPU** kernel (Hopper: wgmma + TMA).
 
 Grid ``(S, Hkv * T, B)``: one program (one warpgroup) per (prefix slice, KV head x row tile, request).
-It holds ``ROWS = 64`` query rows of one KV head in shared memory (``Q * group`` rows, padded to a multiple of 8
-in HBM and copied in alone; more rows take more row tiles ``T``) and walks its slice of the prefix ``block`` tokens at a time:
+It holds ``ROWS = 64`` query rows of one KV head in shared memory (``Q * group`` rows, zero-padded; more
+rows take more row tiles ``T``) and walks its slice of the prefix ``block`` tokens at a time:
 
 * a block is ``block // G`` whole pages; each page is one contiguous ``[G, E]`` slab of the pool
   (``k_pool[layer, page*G : page*G+G, h]``; the layer index is a kernel input, so the model's whole pool
@@ -65,10 +65,7 @@ def _body(q_ref, k_ref, v_ref, pt_ref, len_ref, layer_ref, acc_out, m_out, l_out
     swizzle = plgpu.SwizzleTransform(128)
 
     def main(q_smem, k_smem, v_smem, q_bar, k_bar, v_bar):
-        # only the tile's query rows come in (a multiple of 8); rows past them hold whatever shared memory held:
-        # every row of S, P, the softmax and acc depends on its own query row only, and those rows never go out
-        dst = q_smem if out_rows == ROWS else q_smem.at[pl.ds(0, out_rows)]
-        plgpu.copy_gmem_to_smem(q_ref.at[b, h, pl.ds(tile * out_rows, out_rows)], dst, q_bar.at[0])
+        plgpu.copy_gmem_to_smem(q_ref.at[b, h, pl.ds(tile * ROWS, ROWS)], q_smem, q_bar.at[0])
 
         def page_ids(blk):
             # Scalar loads of the block's page ids. Pages past the request's last used page (the tail of
@@ -197,6 +194,4 @@ def prefix_partials(q, hkv, k_pool, v_pool, page_table, prefix_lens, *, page_siz
         compiler_params=plgpu.CompilerParams(approx_math=True),
         interpret=interpret_params() if interpret else None,
     )
-    # q padded to the rows that go out only (decode with 4 query heads per KV head: 8 rows, not 64; H200, 8B plain
-    # step at batch 32: the pad was a 4.7 us kernel per layer writing 4 MB, mostly zeros)
-    return kernel(query_rows(q, hkv, tiles * out_rows), k_pool, v_pool, page_table, prefix_lens, layer)
+    return kernel(query_rows(q, hkv, tiles * ROWS), k_pool, v_pool, page_table, prefix_lens, layer)
