@@ -3,14 +3,16 @@ to bring back: per module, its after-optimizations HLO's dynamic-slice fusions (
 a loop out of a command buffer) and async starts, each with its metadata (the jax function it came from), and
 the thunk sequence's command-buffer / while / dynamic-slice structure.
 
-``python bench/hlo_grep.py DUMP_DIR [--module-re RE] > out.txt``
+Usage: ``python bench/hlo_grep.py DUMP_DIR [--module-re RE] > out.txt`` (``bench/gpu_all.sh`` runs it on the
+device after a call with ``GPU_XLA_FLAGS_EXTRA="--xla_dump_to=..."``; the dump itself is too big to bring back).
 """
 
-import argparse
 import glob
 import os
 import re
 import sys
+
+import _cli
 
 PATTERN = re.compile(r"dynamic_slice_fusion|dynamic-slice-fusion|address_computation|fusion-start|async-start|"
                      r"copy-start|DynamicSlice", re.IGNORECASE)
@@ -18,8 +20,8 @@ THUNKS = re.compile(r"kCommandBuffer|kWhile|kDynamicSliceFusion|kConditional")
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="hlo_grep.py", description=__doc__.splitlines()[0])
-    ap.add_argument("dump_dir")
+    ap = _cli.parser("hlo_grep.py", __doc__)
+    ap.add_argument("dump_dir", help="the --xla_dump_to folder")
     ap.add_argument("--module-re", default=".*", help="only modules whose file name matches")
     args = ap.parse_args(argv)
     mod_re = re.compile(args.module_re)
