@@ -5,6 +5,8 @@ Pools are built from integer iotas bit-cast to bf16/f32 (every element distinct 
 "unchanged" is a bit-exact statement; every slot outside the target set must stay bit-identical.
 """
 
+import re
+
 import numpy as np
 import pytest
 import jax
@@ -180,6 +182,16 @@ def test_compact_hidden_matches_numpy():
     want = x.copy()
     want.reshape(bs, n, h)[:, :a] = x[np.maximum(ai, 0).reshape(-1)].reshape(bs, a, h)
     np.testing.assert_array_equal(M.compact_accept_to_front(x, ai, num_draft_tokens=n), want)
+
+
+def test_compact_is_one_gather():
+    """compact is one gather over every row, with no update of ``[:, :A]``: at B = 1 that update is a contiguous
+    copy, which XLA:GPU ran as an async dynamic-slice copy outside its command buffers (H200, the batch-1 adaptive
+    loop, BENCHMARKS.md fifth session). Fails on ``blocks.at[:, :a].set(gathered)``."""
+    x, ai = jnp.zeros((8, 16), jnp.float32), jnp.zeros((1, 6), jnp.int32)
+    text = jax.jit(lambda x, ai: M.compact_accept_to_front_reference(x, ai, num_draft_tokens=8)).lower(x, ai).as_text()
+    ops = set(re.findall(r"stablehlo\.(\w+)", text))
+    assert "gather" in ops and not ops & {"scatter", "dynamic_update_slice"}, ops
 
 
 def test_dynamic_validate_move_errors():
