@@ -29,7 +29,8 @@ def main(argv=None) -> int:
     for path in sorted(glob.glob(os.path.join(args.dump_dir, "*after_optimizations.txt"))):
         if not mod_re.search(os.path.basename(path)):
             continue
-        text = open(path).read()
+        with open(path) as f:
+            text = f.read()
         print(f"=== {os.path.basename(path)} ({len(text)} chars)")
         lines = text.splitlines()
         starts = {m.group(1): i for i, l in enumerate(lines) if (m := re.match(r"^%?([\w.\-]+) .*\{$", l))}
@@ -46,9 +47,10 @@ def main(argv=None) -> int:
         module = os.path.basename(path).split(".")[0]
         for p in glob.glob(os.path.join(args.dump_dir, f"{module}.*thunk_sequence_after_thunk_passes.txt"))[:1]:
             print(f"--- {os.path.basename(p)}")
-            for j, line in enumerate(open(p)):
-                if THUNKS.search(line):
-                    print(f"{j}: {line.rstrip()[:200]}")
+            with open(p) as f:
+                for j, line in enumerate(f):
+                    if THUNKS.search(line):
+                        print(f"{j}: {line.rstrip()[:200]}")
     return 0
 
 

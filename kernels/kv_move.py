@@ -472,7 +472,7 @@ def move_accept_tokens_to_target_kvcache(
 
 
 def _compact_impl(x, ai, *, num_draft_tokens, implementation, interpret):
-    del implementation, interpret  # one XLA gather/scatter; no Pallas kernel
+    del implementation, interpret  # one XLA gather; no Pallas kernel
     return compact_accept_to_front_reference(x, ai, num_draft_tokens=num_draft_tokens)
 
 
@@ -482,7 +482,7 @@ _COMPACT = KernelOp("compact_accept_to_front", _compact_impl, static=("num_draft
 def compact_accept_to_front(x: Array, accept_index: Int32[Array, "B A"], *, num_draft_tokens: int) -> Array:
     """Rewrite node-indexed ``x`` (``predict`` ``(B*N,)``, hidden ``(B*N, H)``) so the accepted path sits at
     the front of each request's ``N``-block (0.5.23 ``_compact_accept_to_front``); ``-1`` clamps to global
-    node 0. One fused XLA gather/scatter (no Pallas kernel: it is a few KB to a few MB of contiguous rows)."""
+    node 0. One XLA gather (no Pallas kernel: it is a few KB to a few MB of contiguous rows)."""
     ai = index_array("accept_index", accept_index, (None, None))
     n = static_int("num_draft_tokens", num_draft_tokens, 1)
     bs, a = ai.shape
