@@ -1,8 +1,9 @@
 """Prefix part of ``paged_attention`` as a Pallas **Mosaic GPU** kernel (Hopper: wgmma + TMA).
 
 Grid ``(S, Hkv * T, B)``: one program (one warpgroup) per (prefix slice, KV head x row tile, request).
-It holds ``ROWS = 64`` query rows of one KV head in shared memory (``Q * group`` rows, zero-padded; more
-rows take more row tiles ``T``) and walks its slice of the prefix ``block`` tokens at a time:
+It holds ``ROWS = 64`` query rows of one KV head in shared memory (``Q * group`` rows, zero-padded to a multiple
+of 8 and copied alone, the tile's other rows unused; more rows take more row tiles ``T``) and walks its slice of
+the prefix ``block`` tokens at a time:
 
 * a block is ``block // G`` whole pages; each page is one contiguous ``[G, E]`` slab of the pool
   (``k_pool[layer, page*G : page*G+G, h]``; the layer index is a kernel input, so the model's whole pool
@@ -11,6 +12,14 @@ rows take more row tiles ``T``) and walks its slice of the prefix ``block`` toke
   one barrier per stage counting the page copies);
 * ``S = q @ K^T`` and ``acc += P @ V`` run on the tensor cores (wgmma, f32 accumulators in registers),
   with an online base-2 softmax in between; positions ``>= prefix_lens[b]`` are masked.
+
+With fresh K/V and their slots (``prefix_partials(..., fresh=(k_new, v_new, write_locs))``) the kernel also
+writes them into the pool's layer, in place (the pool goes in as a mutable ``Ref``, aliased in and out): the
+first program of each (request, KV head) copies the request's fresh rows of that head into shared memory
+(beside its query tile) and stores each at its slot by TMA before it walks the prefix, so a layer needs no
+scatter kernels of its own (an 8B decode layer at batch 32 ran two, 3.3 us each). The prefix never overlaps
+the fresh slots, so writing while other programs read the prefix changes nothing they use; a slot outside
+``[0, X)`` is not written.
 
 Outputs the unnormalised partials ``acc f32[B,Hkv,S,R,E]``, ``m, l f32[B,Hkv,S,R]`` (``-inf`` / 0
 for an empty slice; ``R`` = ``Q * group`` rounded up to 8 for one row tile, ``T * 64`` for more), merged with the fresh tokens by ``paged_attention.merge_partials``.
@@ -41,8 +50,15 @@ def _stages(e: int, block: int, itemsize: int) -> int:
     return 2 if ROWS * e * itemsize + 2 * per_stage <= 200 * 1024 else 1
 
 
-def _body(q_ref, k_ref, v_ref, pt_ref, len_ref, layer_ref, acc_out, m_out, l_out, *, page_size, num_pages, width,
-          block, stages, tiles, out_rows, num_splits, scale, dtype, interpret):
+FRESH_CHUNK = 16  # fresh tokens per shared-memory chunk of the K/V write (decode and verify: one chunk)
+
+
+def _body(*refs, page_size, num_pages, width, block, stages, tiles, out_rows, num_splits, scale, dtype, interpret,
+          num_fresh):
+    if num_fresh:
+        q_ref, k_ref, v_ref, pt_ref, len_ref, layer_ref, kn_ref, vn_ref, loc_ref, acc_out, m_out, l_out = refs
+    else:
+        (q_ref, k_ref, v_ref, pt_ref, len_ref, layer_ref, acc_out, m_out, l_out), kn_ref = refs, None
     g = page_size
     # the GPU interpreter has no layout_cast (layouts only matter to the compiler)
     cast = (lambda x, layout: x) if interpret else plgpu.layout_cast
@@ -64,8 +80,48 @@ def _body(q_ref, k_ref, v_ref, pt_ref, len_ref, layer_ref, acc_out, m_out, l_out
     tiling = plgpu.TilingTransform((8, 128 // jnp.dtype(dtype).itemsize))
     swizzle = plgpu.SwizzleTransform(128)
 
-    def main(q_smem, k_smem, v_smem, q_bar, k_bar, v_bar):
-        plgpu.copy_gmem_to_smem(q_ref.at[b, h, pl.ds(tile * ROWS, ROWS)], q_smem, q_bar.at[0])
+    # the fresh K/V write (module docstring): by the first program of each (request, KV head), in chunks of
+    # `chunk` tokens (the last chunk starts at num_fresh - chunk: rows written twice get the same values). The
+    # first chunk is loaded beside the queries and stored before the prefix walk (its stores run under it);
+    # later chunks (prefill only) after it.
+    chunk = min(num_fresh, FRESH_CHUNK)
+    writer = (s_idx == 0) & (tile == 0)
+
+    def fresh_load(start, kn_smem, vn_smem, f_bar):
+        rows = pl.ds(start, chunk)
+        plgpu.copy_gmem_to_smem(kn_ref.at[b, rows, h], kn_smem, f_bar.at[0])
+        plgpu.copy_gmem_to_smem(vn_ref.at[b, rows, h], vn_smem, f_bar.at[0])
+
+    def fresh_store(start, kn_smem, vn_smem, f_bar):
+        plgpu.barrier_wait(f_bar.at[0])
+        for j in range(chunk):
+            slot = loc_ref[b * num_fresh + start + j]
+
+            @pl.when((slot >= 0) & (slot < k_ref.shape[1]))
+            def _():
+                plgpu.copy_smem_to_gmem(kn_smem.at[pl.ds(j, 1)], k_ref.at[layer, pl.ds(slot, 1), h])
+                plgpu.copy_smem_to_gmem(vn_smem.at[pl.ds(j, 1)], v_ref.at[layer, pl.ds(slot, 1), h])
+
+    def fresh_rest(kn_smem, vn_smem, f_bar):
+        def one(c, carry):
+            plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # the previous chunk's stores have read the buffers
+            start = jnp.minimum(c * chunk, num_fresh - chunk)
+            fresh_load(start, kn_smem, vn_smem, f_bar)
+            fresh_store(start, kn_smem, vn_smem, f_bar)
+            return carry
+
+        lax.fori_loop(1, -(-num_fresh // chunk), one, 0)
+        plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # before the buffers leave scope
+
+    def main(q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, *fresh):
+        # only the query rows that go out are copied (q is padded to them, not to 64 rows); the tile's other rows
+        # hold whatever shared memory held and only reach their own rows of the products, never written out
+        plgpu.copy_gmem_to_smem(q_ref.at[b, h, pl.ds(tile * out_rows, out_rows)], q_smem.at[pl.ds(0, out_rows)],
+                                q_bar.at[0])
+        if fresh:
+            @pl.when(writer)
+            def _():
+                fresh_load(0, *fresh)
 
         def page_ids(blk):
             # Scalar loads of the block's page ids. Pages past the request's last used page (the tail of
@@ -85,6 +141,11 @@ def _body(q_ref, k_ref, v_ref, pt_ref, len_ref, layer_ref, acc_out, m_out, l_out
                 issue(page_ids(lo + t), t)
 
         plgpu.barrier_wait(q_bar.at[0])
+        if fresh:
+            @pl.when(writer)
+            def _():
+                fresh_store(0, *fresh)
+
         m0 = cast(jnp.full((ROWS,), -jnp.inf, jnp.float32), plgpu.Layout.WGMMA.reduce(1))
         l0 = cast(jnp.full((ROWS,), 0, jnp.float32), plgpu.Layout.WGMMA.reduce(1))
         acc0 = cast(jnp.full((ROWS, e), 0, jnp.float32), plgpu.Layout.WGMMA)
@@ -130,8 +191,15 @@ def _body(q_ref, k_ref, v_ref, pt_ref, len_ref, layer_ref, acc_out, m_out, l_out
 
             return acc, m_new, l_i
 
-        return lax.fori_loop(0, cnt, step, (acc0, m0, l0))
+        out = lax.fori_loop(0, cnt, step, (acc0, m0, l0))
+        if fresh:
+            @pl.when(writer)
+            def _():
+                fresh_rest(*fresh)
+        return out
 
+    fresh_scratch = () if not num_fresh else (
+        plgpu.SMEM((chunk, e), dtype), plgpu.SMEM((chunk, e), dtype), plgpu.Barrier(num_arrivals=2, num_barriers=1))
     acc, m_i, l_i = pl.run_scoped(
         main,
         plgpu.SMEM((ROWS, e), dtype, transforms=(tiling, swizzle)),
@@ -140,6 +208,7 @@ def _body(q_ref, k_ref, v_ref, pt_ref, len_ref, layer_ref, acc_out, m_out, l_out
         plgpu.Barrier(num_barriers=1),
         plgpu.Barrier(num_arrivals=ppb, num_barriers=stages),
         plgpu.Barrier(num_arrivals=ppb, num_barriers=stages),
+        *fresh_scratch,
     )
 
     def write(o_smem, m_smem, l_smem):
@@ -161,13 +230,18 @@ def _body(q_ref, k_ref, v_ref, pt_ref, len_ref, layer_ref, acc_out, m_out, l_out
 @functools.partial(jax.jit, static_argnames=("hkv", "page_size", "sm_scale", "num_splits", "interpret", "block",
                                              "stages"))
 def prefix_partials(q, hkv, k_pool, v_pool, page_table, prefix_lens, *, page_size, sm_scale, num_splits=None,
-                    interpret=False, block=None, stages=None, layer=None):
+                    interpret=False, block=None, stages=None, layer=None, fresh=None):
     """``(acc, m, l)`` prefix partials (module docstring) for ``q [B,Q,Hq,E]`` over the paged pool: ``k_pool,
     v_pool [X,Hkv,E]``, or ``[L,X,Hkv,E]`` with ``layer`` (an int or ``i32[]``) choosing the layer inside the
     kernel (so no slice of the pool becomes an XLA op of its own: the call stays capturable in a CUDA graph).
     ``block`` (prefix tokens per step, a multiple of 64 and of the page size) and ``stages`` (blocks in
-    flight) default to ``BLOCK`` / what fits in shared memory."""
-    if k_pool.ndim == 3:
+    flight) default to ``BLOCK`` / what fits in shared memory.
+
+    ``fresh = (k_new, v_new [B,Q,Hkv,E], write_locs i32[B*Q])``: the kernel also writes the fresh K/V at those
+    slots of the layer (module docstring) and returns ``(acc, m, l, k_pool, v_pool)``, the pools updated in
+    place when the caller's are dead afterwards (donated, or inside one jit)."""
+    single = k_pool.ndim == 3
+    if single:
         k_pool, v_pool = k_pool[None], v_pool[None]
     layer = jnp.asarray(0 if layer is None else layer, jnp.int32).reshape(1)
     b, nq, hq, e = q.shape
@@ -183,15 +257,25 @@ def prefix_partials(q, hkv, k_pool, v_pool, page_table, prefix_lens, *, page_siz
     body = functools.partial(
         _body, page_size=page_size, num_pages=k_pool.shape[1] // page_size, width=width, block=block,
         stages=stages, tiles=tiles, out_rows=out_rows, num_splits=s, scale=float(sm_scale * LOG2E), dtype=q.dtype,
-        interpret=bool(interpret))
+        interpret=bool(interpret), num_fresh=0 if fresh is None else nq)
     f32 = jnp.float32
-    kernel = plgpu.kernel(
-        body,
-        out_type=(jax.ShapeDtypeStruct((b, hkv, s, rows, e), f32), jax.ShapeDtypeStruct((b, hkv, s, rows), f32),
-                  jax.ShapeDtypeStruct((b, hkv, s, rows), f32)),
-        grid=(s, hkv * tiles, b),
-        grid_names=("s", "ht", "b"),
-        compiler_params=plgpu.CompilerParams(approx_math=True),
-        interpret=interpret_params() if interpret else None,
-    )
-    return kernel(query_rows(q, hkv, tiles * ROWS), k_pool, v_pool, page_table, prefix_lens, layer)
+    out_type = (jax.ShapeDtypeStruct((b, hkv, s, rows, e), f32), jax.ShapeDtypeStruct((b, hkv, s, rows), f32),
+                jax.ShapeDtypeStruct((b, hkv, s, rows), f32))
+    kw = dict(compiler_params=plgpu.CompilerParams(approx_math=True),
+              interpret=interpret_params() if interpret else None)
+    rows_q = query_rows(q, hkv, rows)
+    if fresh is None:
+        kernel = plgpu.kernel(body, out_type=out_type, grid=(s, hkv * tiles, b), grid_names=("s", "ht", "b"), **kw)
+        return kernel(rows_q, k_pool, v_pool, page_table, prefix_lens, layer)
+    # the pools as mutable refs: aliased in and out of the kernel (pl.kernel, not plgpu.kernel, whose vmap
+    # wrapper takes no refs in jax 0.10)
+    k_new, v_new, locs = fresh
+    k_ref, v_ref = (jax.new_ref(x, memory_space=plgpu.GMEM) for x in (k_pool, v_pool))
+    kernel = pl.kernel(body, out_type=out_type, mesh=plgpu.Mesh(grid=(s, hkv * tiles, b), grid_names=("s", "ht", "b")),
+                       **kw)
+    acc, m, l = kernel(rows_q, k_ref, v_ref, page_table, prefix_lens, layer, k_new.astype(q.dtype),
+                       v_new.astype(q.dtype), locs.reshape(-1).astype(jnp.int32))
+    k_pool, v_pool = k_ref[...], v_ref[...]
+    if single:
+        k_pool, v_pool = k_pool[0], v_pool[0]
+    return acc, m, l, k_pool, v_pool

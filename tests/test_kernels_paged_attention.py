@@ -262,3 +262,55 @@ def test_layer_of_a_whole_pool(impl):
         _run(whole, g, impl, layer=3, **kw)
     with pytest.raises(ValueError, match="k_pool"):
         _run(a, g, impl, layer=0, **kw)  # a single layer's pool with layer=
+
+
+def _fresh_slots(a, g, oob):
+    """Each request's fresh tokens at the positions after its prefix (the slots a forward writes: on its last
+    prefix page first), through its page table; ``oob``: the last token's slot is out of range."""
+    pt, lens = np.asarray(a["page_table"]), np.asarray(a["prefix_lens"])
+    b, nq = a["q"].shape[:2]
+    locs = np.array([[pt[i, (lens[i] + t) // g] * g + (lens[i] + t) % g for t in range(nq)] for i in range(b)],
+                    np.int32)
+    if oob:
+        locs[-1, -1] = a["k_pool"].shape[0] + 3
+    return locs
+
+
+@pytest.mark.parametrize("impl,nq,compiled", [
+    ("reference", 3, False), ("reference", 1, False), ("triton", 3, False), ("mosaic", 3, False), ("mosaic", 1, False),
+    ("mosaic", 19, False),
+    pytest.param("mosaic", 1, True, marks=pytest.mark.gpu), pytest.param("mosaic", 4, True, marks=pytest.mark.gpu),
+    pytest.param("mosaic", 19, True, marks=pytest.mark.gpu), pytest.param("triton", 4, True, marks=pytest.mark.gpu),
+])
+def test_write_locs_store_the_fresh_kv(impl, nq, compiled):
+    """``write_locs=``: the output is the one without writing (bit for bit), and the returned pools equal the
+    input pools with the fresh K/V at those slots of that layer, every other element unchanged (the other
+    layers and slots hold NaN or random values: compared bitwise); an out-of-range slot writes nothing. The
+    Mosaic kernel writes in chunks of 16 tokens (Q = 19: two chunks, the second overlapping the first)."""
+    seed = int(np.random.SeedSequence().entropy % 2**31)
+    dtype = jnp.float32 if impl != "mosaic" else jnp.bfloat16
+    g, width = 16, 4
+    a, g = _case(seed, b=3, nq=nq, hq=4, hkv=2, e=64, g=g, pages=14, p_width=width, dtype=dtype,
+                 lens=[0, 21, width * g - nq])
+    pt = np.asarray(a["page_table"]).copy()
+    for i, n in enumerate([0, 21, width * g - nq]):  # the pages the fresh tokens land on are the request's own
+        used = -(-(n + nq) // g)
+        pt[i, :used] = np.arange(1 + i * width, 1 + i * width + used)
+    a["page_table"] = jnp.asarray(pt)
+    kw = dict(interpret=not compiled, num_splits=2) if impl != "reference" else {}
+    want = np.asarray(_run(a, g, impl, **kw).astype(jnp.float32))
+    nan = jnp.full_like(a["k_pool"], jnp.nan)
+    k_whole, v_whole = jnp.stack([nan, a["k_pool"], nan]), jnp.stack([a["v_pool"], a["v_pool"], nan])
+    for oob in (False, True):
+        locs = _fresh_slots(a, g, oob)
+        whole = dict(a, k_pool=jnp.array(k_whole), v_pool=jnp.array(v_whole))  # copies: the call donates them
+        out, k_pool, v_pool = _run(whole, g, impl, layer=1, write_locs=jnp.asarray(locs), **kw)
+        np.testing.assert_array_equal(np.asarray(out.astype(jnp.float32)), want, err_msg=f"seed {seed}")
+        for got, pool, new in ((k_pool, k_whole, a["k_new"]), (v_pool, v_whole, a["v_new"])):
+            exp = np.asarray(pool.astype(jnp.float32)).copy()
+            flat, rows = locs.reshape(-1), np.asarray(new.astype(jnp.float32)).reshape(-1, 2, 64)
+            keep = flat < exp.shape[1]
+            exp[1, flat[keep]] = rows[keep]
+            np.testing.assert_array_equal(np.asarray(got.astype(jnp.float32)), exp, err_msg=f"seed {seed} oob {oob}")
+    with pytest.raises(ValueError, match="write_locs"):
+        _run(a, g, impl, write_locs=jnp.zeros((3, nq + 1), jnp.int32), **kw)

@@ -122,22 +122,12 @@ def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: jax.Array) -> jax.A
 def _write_slots(write_locs, num_slots: int):
     """``write_locs`` flattened, a slot outside ``[0, num_slots)`` sent to slot 0: the dummy slot that padding
     tokens write to (page 0, never a request's; SGLang's KV pools keep slot 0 for the same purpose), so every
-    write is in range (``_write``). With checks on (``JAXSPEC_CHECKS``) an out-of-range slot is an error."""
+    write lands in the pool (``paged_attention(write_locs=)`` itself drops an out-of-range slot). With checks on
+    (``JAXSPEC_CHECKS``) an out-of-range slot is an error."""
     flat = write_locs.reshape(-1)
     ok = (flat >= 0) & (flat < num_slots)
     check(jnp.all(ok), f"write_locs: every slot must lie in [0, {num_slots}) (the KV pool's slots)")
     return jnp.where(ok, flat, 0)
-
-
-def _write(pool, layer: int, slots, x):
-    """``pool [L, X, Hkv, E]`` with ``x [n, Hkv, E]`` written at ``pool[layer, slots]`` (slots in range:
-    ``_write_slots``). One token (batch-1 decode) is a ``dynamic_update_slice``: a scatter's out-of-bounds
-    semantics made XLA:GPU write it as a select kernel (keep the old value where out of bounds) plus the
-    update (H200, 8B plain step at batch 1: 538 kernels instead of 606); in range, the update's start is never
-    clamped."""
-    if slots.shape[0] == 1:
-        return jax.lax.dynamic_update_slice(pool, x[None], (jnp.int32(layer), slots[0], jnp.int32(0), jnp.int32(0)))
-    return pool.at[layer, slots].set(x, mode="promise_in_bounds")
 
 
 class SelfAttention(nnx.Module):
@@ -167,23 +157,21 @@ class SelfAttention(nnx.Module):
             out = paged_attention(q, k, v, pool, pool, meta.page_table[:, :0], meta.prefix_lens, meta.qmask,
                                   page_size=1, sm_scale=e**-0.5, implementation="reference")
         else:
-            # Write first, then attend: the fresh K/V reach attention as k/v, and the prefix (< prefix_lens)
-            # never overlaps this forward's write slots, so the order does not change the result. It keeps the
-            # pool update in place: attending to the OLD pool while scattering into it left XLA:GPU no data
-            # dependence to order the read before the write, so it copied the whole [L, X, Hkv, E] pool per
-            # layer (measured: 55 ms of a 62 ms 8B decode step at batch 32); the next layer's write depends on
-            # this layer's attention output, so no copy is needed here.
+            # paged_attention writes the fresh K/V at their slots and attends (on the GPU inside the attention
+            # kernel: no scatter kernels; elsewhere write first, then attend). The prefix never overlaps the
+            # write slots, so the order does not change the result. The pools stay in place: the next layer's
+            # write depends on this layer's result (attending to the OLD pool while scattering into it left
+            # XLA:GPU no data dependence to order the read before the write, so it copied the whole [L, X, Hkv, E]
+            # pool per layer: 55 ms of a 62 ms 8B decode step at batch 32).
             dt = cache.k.dtype
-            if meta.write_locs is not None:
-                flat = _write_slots(meta.write_locs, cache.k.shape[1])
-                cache = PagedKVCache(
-                    k=_write(cache.k, layer, flat, k.reshape(b * nq, hkv, e).astype(dt)),
-                    v=_write(cache.v, layer, flat, v.reshape(b * nq, hkv, e).astype(dt)),
-                    req_to_token=cache.req_to_token,
-                )
+            locs = None if meta.write_locs is None else _write_slots(meta.write_locs, cache.k.shape[1])
             out = paged_attention(q.astype(dt), k.astype(dt), v.astype(dt), cache.k, cache.v, meta.page_table,
                                   meta.prefix_lens, meta.qmask, page_size=meta.page_size, sm_scale=e**-0.5,
-                                  implementation=meta.implementation, interpret=meta.interpret, layer=layer)
+                                  implementation=meta.implementation, interpret=meta.interpret, layer=layer,
+                                  write_locs=locs)
+            if locs is not None:
+                out, k_pool, v_pool = out
+                cache = PagedKVCache(k=k_pool, v=v_pool, req_to_token=cache.req_to_token)
         return self.o_proj(out.reshape(b, nq, -1)), cache
 
 
