@@ -4,6 +4,7 @@ CPU, f32, a few seconds."""
 
 import dataclasses
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -163,3 +164,48 @@ def test_out_of_range_write_slots_go_to_the_dummy_slot_only():
         err, _ = jax.jit(checkify.checkify(lambda c: m.forward(jnp.array([[3], [9]], jnp.int32), meta, c)))(cache)
     with pytest.raises(checkify.JaxRuntimeError, match="write_locs"):
         err.throw()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("b,q", [(1, 1), (3, 1), (2, 4)])
+def test_gpu_kernel_forward_writes_the_pool_as_the_reference(b, q):
+    """A bf16 decoder with 64-wide heads on the GPU (the Mosaic attention kernel, which writes the fresh K/V
+    itself for more than one token) against the same forward with the jnp reference (write, then attend):
+    the same K/V values land in the same slots (layer 0 bit for bit; later layers' inputs went through the two
+    attentions, so to bf16 rounding), every other slot keeps its poison, and the logits agree to bf16 attention
+    rounding (2^-6 of their scale)."""
+    from jaxspec.models import Decoder
+
+    cfg = DecoderConfig(vocab_size=128, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=2, head_dim=64)
+    m = Decoder(cfg, rngs=nnx.Rngs(5), param_dtype=jnp.bfloat16, kv_dtype=jnp.bfloat16)
+    g, width = 16, 64
+    r2t = make_req_to_token(b, width, g, seed=2)
+    rng = np.random.default_rng(int(np.random.SeedSequence().entropy % 2**31))
+    prefix = rng.integers(1, width - q, b).astype(np.int32)
+    cache = m.make_cache(r2t, int(r2t.max()) + 1)
+    poison = jnp.asarray(rng.standard_normal(cache.k.shape).astype(np.float32)).astype(jnp.bfloat16)
+    cache = dataclasses.replace(cache, k=poison, v=-poison)
+    pos = jnp.asarray(prefix[:, None] + np.arange(q)[None], jnp.int32)
+    meta = _meta(b, q, positions=pos, qmask=causal_qmask(b, q), prefix_lens=jnp.asarray(prefix),
+                 page_table=jnp.asarray(page_table_from_req_to_token(r2t, g)), page_size=g,
+                 write_locs=jnp.asarray(np.take_along_axis(r2t, np.asarray(pos), 1)))
+    tokens = jnp.asarray(rng.integers(0, 128, (b, q)), jnp.int32)
+    outs = {}
+    for impl in ("reference", "pallas"):
+        c = dataclasses.replace(cache, k=jnp.array(cache.k), v=jnp.array(cache.v))
+        interp = jax.default_backend() != "gpu"  # the GPU interpreter where there is no GPU (checking the test)
+        outs[impl] = _fwd(m, tokens, dataclasses.replace(meta, implementation=impl, interpret=interp), c)
+    (lr, _, cr), (lk, _, ck) = outs["reference"], outs["pallas"]
+    written = np.zeros(cache.k.shape[1], bool)
+    written[np.asarray(meta.write_locs).reshape(-1)] = True
+    for a, w, p0 in ((ck.k, cr.k, poison), (ck.v, cr.v, -poison)):
+        a, w, p0 = (np.asarray(x.astype(jnp.float32)) for x in (a, w, p0))
+        np.testing.assert_array_equal(a[:, ~written], p0[:, ~written])  # nothing else written
+        np.testing.assert_array_equal(w[:, ~written], p0[:, ~written])
+        np.testing.assert_array_equal(a[0], w[0])  # layer 0: the same K/V values in the same slots
+        assert not np.array_equal(a[:, written], p0[:, written])
+        # later layers: their inputs went through the two attentions (bf16 rounding apart)
+        np.testing.assert_allclose(a, w, atol=np.abs(w).max() * 2.0**-5)
+    scale = float(np.abs(np.asarray(lr)).max())
+    np.testing.assert_allclose(np.asarray(lk), np.asarray(lr), atol=scale * 2.0**-6)
