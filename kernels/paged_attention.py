@@ -8,7 +8,9 @@ model's ``[L, X, Hkv, E]`` pool), and to the fresh tokens ``qmask`` allows.
 Softmax runs over ``[prefix | fresh]`` in float32; the result has ``q``'s dtype.
 
 Layout (``jaxspec.protocols.AttentionMetadata``): token ``pos`` of row ``b`` lives at pool slot
-``page_table[b, pos // G] * G + pos % G``. Fresh K/V (``k_new``, ``v_new``) are not in the pool yet.
+``page_table[b, pos // G] * G + pos % G``. Fresh K/V (``k_new``, ``v_new``) are not in the pool yet;
+with ``write_locs=`` the call stores them there too (the Mosaic kernel inside the kernel) and returns the
+updated pools beside the output.
 
 Every query row must see at least itself (``qmask[b, i, i]`` true): then no softmax row is empty. Padded
 batch rows (``prefix_lens = 0``, identity ``qmask``) are computed like any other and can be ignored.
