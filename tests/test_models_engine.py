@@ -119,3 +119,28 @@ def test_tiny_pair_on_pallas_attention_kernel_lossless():
     res = Engine(fast, MTPDrafter(fast), spec=CHAIN, **kw).generate(prompts, 10)
     _assert_same(res, plain, 10)
     assert res.mean_accept_length > 1.5  # trained pair: drafts accepted, so verify and draft extend both ran
+
+
+@pytest.mark.parametrize("prompts", [[[1, 2, 3, 4, 5]], [[1, 2, 3, 4, 5], [7, 8, 9]]], ids=["batch1", "batch2"])
+def test_bf16_model_on_the_mosaic_kernel_lossless(prompts):
+    """A bf16 target with 64-wide heads (what the Mosaic attention kernel takes) in the whole decode loop,
+    the kernel run by the Mosaic GPU interpreter: it writes the fresh K/V itself (prefill, verify, the MTP
+    layers' extends; a single decode token through XLA's in-place update), the pools aliased in and out of
+    it. Greedy plain and chain outputs equal the reference engine's token for token, with checks on too."""
+    import jaxspec
+    from jaxspec.models import DecoderConfig
+
+    cfg = DecoderConfig(vocab_size=64, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                        num_attention_heads=2, num_key_value_heads=1, head_dim=64, num_nextn_predict_layers=2)
+    m = MTPModel(cfg, rngs=nnx.Rngs(0), param_dtype=jnp.bfloat16, kv_dtype=jnp.bfloat16)
+    kw = dict(page_size=16, max_context=64, max_batch=len(prompts))
+    q = jnp.zeros((1, 1, 2, 64), jnp.bfloat16)
+    assert resolve_attention_implementation("pallas", q, 16, True) == "mosaic"
+    ref = Engine(m, None, spec=None, implementation="reference", **kw).generate(prompts, 8)
+    for spec in (None, SpecConfig(2, 1, 3)):
+        eng = Engine(m, None if spec is None else MTPDrafter(m), spec=spec, implementation="pallas", interpret=True,
+                     **kw)
+        _assert_same(eng.generate(prompts, 8), ref, 8)
+    with jaxspec.checks():
+        eng = Engine(m, MTPDrafter(m), spec=SpecConfig(2, 1, 3), implementation="pallas", interpret=True, **kw)
+        _assert_same(eng.generate(prompts, 8), ref, 8)
