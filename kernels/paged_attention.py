@@ -43,9 +43,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = [
-    "paged_attention", "paged_attention_reference", "qmask_from_bits", "resolve_attention_implementation", "write_fresh",
-]
+__all__ = ["paged_attention", "paged_attention_reference", "qmask_from_bits", "resolve_attention_implementation"]
 
 LOG2E = math.log2(math.e)
 _IMPLS = ("auto", "pallas", "mosaic", "triton", "reference")
@@ -337,7 +335,7 @@ def paged_attention(
               num_splits=num_splits)
 
 
-def write_fresh(pool, layer, slots, x):
+def _write_fresh(pool, layer, slots, x):
     """``pool`` (``[X, Hkv, E]``, or ``[L, X, Hkv, E]`` with ``layer``) with ``x [n, Hkv, E]`` stored at ``slots
     i32[n]``; a slot outside ``[0, X)`` is not written. One token (batch-1 decode) is a ``dynamic_update_slice``
     of the row or its old value: a scatter's out-of-bounds semantics made XLA:GPU write it as a select kernel
@@ -361,8 +359,8 @@ def _with_write(k_pool, v_pool, layer, write_locs, k_new, v_new):
     hkv, e = k_new.shape[2:]
     if write_locs is None:
         return k_pool, v_pool
-    return (write_fresh(k_pool, layer, write_locs, k_new.reshape(-1, hkv, e)),
-            write_fresh(v_pool, layer, write_locs, v_new.reshape(-1, hkv, e)))
+    return (_write_fresh(k_pool, layer, write_locs, k_new.reshape(-1, hkv, e)),
+            _write_fresh(v_pool, layer, write_locs, v_new.reshape(-1, hkv, e)))
 
 
 def _reference_with_write(q, k_new, v_new, k_pool, v_pool, page_table, prefix_lens, qmask, layer, write_locs, *,
