@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Everything jaxspec measures and checks on the H200, in one call of the device tool:
 #   run(command="bash bench/gpu_all.sh [parts]", carry=[".originals"])
-# parts (default: env tests kernels check step decode; also decode-quick (greedy device loop only), attention, attention-quick, e2e: end-to-end at
+# parts (default: env tests kernels check step decode; also decode-quick (greedy device loop only), attention, attention-quick, train, e2e: end-to-end at
 # 8B / 1B scale, bench/e2e.py --quick, about 9 min: one call on its own; call-cost: bench/call_cost.py). All of them take
 # more than one device call allows (10 min): run them as two calls, e.g. "env tests check step" then
 # "env decode attention".
@@ -66,6 +66,10 @@ for p in $PARTS; do case $p in
       echo "command-buffer updates at batch $b (count, time, commands):"
       grep -ao "Updated command buffer in [0-9]* .s; num_commands=[0-9]*" "$OUT/call_cost_b$b.log" | sort | uniq -c | sort -rn | head -12
     done ;;
+  # train: a target + MTP pair (jaxspec.train_tiny) into $OUT/$TRAIN_NAME (default: the demo pair's recipe with
+  # the MTP layers distilled from the target; TRAIN_ARGS replaces the options)
+  train) run "train_${TRAIN_NAME:-pair}" ${TRAIN_TIMEOUT:-500} $PY -m jaxspec.train_tiny --out "$OUT/${TRAIN_NAME:-pair}" \
+      ${TRAIN_ARGS:---config demo --steps 2500 --batch 32 --mtp-labels target} ;;
   attention) run attention 330 $PY bench/attention.py --json "$OUT/attention.json" --png "$OUT/attention.png" ;;
   attention-quick) run attention 150 $PY bench/attention.py --quick --triton --json "$OUT/attention.json" --png "$OUT/attention.png" ;;
   *) echo "unknown part $p"; fail=1 ;;
