@@ -37,48 +37,29 @@ def _dense_meta(b: int, ctx: int) -> AttentionMetadata:
                              page_table=jnp.zeros((b, 0), jnp.int32))
 
 
-def _mtp_labels(model: MTPModel, seqs: jax.Array, ctx: int, mtp_labels: str):
-    """The target's logits over ``seqs[:, :ctx]``, its hidden, and the labels of each MTP layer ``s``
-    (``i32[B, ctx]``: the token at ``p + s + 2``). ``mtp_labels="data"``: the corpus's token; ``"target"``: the
-    target's own greedy prediction of it from the corpus prefix (one forward over ``ctx + S`` tokens, no
-    gradient through the labels): what verify accepts, so a draft trained on it matches the target where the
-    corpus is random (self-distillation, as EAGLE's drafts are trained on the target's outputs)."""
-    n = model.num_mtp_layers
-    if mtp_labels == "data":
-        logits, h, _ = model.forward(seqs[:, :ctx], _dense_meta(seqs.shape[0], ctx), None)
-        return logits, h, [seqs[:, s + 2 : s + 2 + ctx] for s in range(n)]
-    if mtp_labels != "target":
-        raise ValueError(f"mtp_labels: expected 'data' or 'target', got {mtp_labels!r}")
-    logits, h, _ = model.forward(seqs[:, : ctx + n], _dense_meta(seqs.shape[0], ctx + n), None)
-    greedy = jnp.argmax(jax.lax.stop_gradient(logits), axis=-1).astype(jnp.int32)  # [B, ctx + S]: token p + 1
-    return logits[:, :ctx], h[:, :ctx], [greedy[:, s + 1 : s + 1 + ctx] for s in range(n)]
-
-
-def losses(model: MTPModel, seqs: jax.Array, ctx: int, mtp_labels: str = "data"):
-    """Per-head mean cross-entropies (target on the corpus; MTP layers on ``mtp_labels``, :func:`_mtp_labels`).
-    ``seqs: i32[B, ctx + S + 1]``; returns ``f32[1 + S]``."""
+def losses(model: MTPModel, seqs: jax.Array, ctx: int):
+    """Per-head mean cross-entropies. ``seqs: i32[B, ctx + S + 1]``; returns ``f32[1 + S]``."""
     inp = _dense_meta(seqs.shape[0], ctx)
-    logits, h, labels = _mtp_labels(model, seqs, ctx, mtp_labels)
+    logits, h, _ = model.forward(seqs[:, :ctx], inp, None)
     out = [optax.softmax_cross_entropy_with_integer_labels(logits, seqs[:, 1 : ctx + 1]).mean()]
     for s in range(model.num_mtp_layers):
         logits, h, _ = model.mtp_forward(s, h, seqs[:, s + 1 : s + 1 + ctx], inp, None)
-        out.append(optax.softmax_cross_entropy_with_integer_labels(logits, labels[s]).mean())
+        out.append(optax.softmax_cross_entropy_with_integer_labels(logits, seqs[:, s + 2 : s + 2 + ctx]).mean())
     return jnp.stack(out)
 
 
-def accuracies(model: MTPModel, seqs: jax.Array, ctx: int, mtp_labels: str = "data"):
-    """Greedy top-1 accuracy per head (target on the corpus, MTP 0..S-1 on ``mtp_labels``: ``"target"`` is
-    the MTP layers' agreement with the target's greedy predictions)."""
+def accuracies(model: MTPModel, seqs: jax.Array, ctx: int):
+    """Greedy top-1 accuracy per head (target, MTP 0..S-1)."""
     inp = _dense_meta(seqs.shape[0], ctx)
-    logits, h, labels = _mtp_labels(model, seqs, ctx, mtp_labels)
+    logits, h, _ = model.forward(seqs[:, :ctx], inp, None)
     acc = [jnp.mean((jnp.argmax(logits, -1) == seqs[:, 1 : ctx + 1]).astype(jnp.float32))]
     for s in range(model.num_mtp_layers):
         logits, h, _ = model.mtp_forward(s, h, seqs[:, s + 1 : s + 1 + ctx], inp, None)
-        acc.append(jnp.mean((jnp.argmax(logits, -1) == labels[s]).astype(jnp.float32)))
+        acc.append(jnp.mean((jnp.argmax(logits, -1) == seqs[:, s + 2 : s + 2 + ctx]).astype(jnp.float32)))
     return jnp.stack(acc)
 
 
-def train(cfg: DecoderConfig, *, steps: int, batch: int, ctx: int, lr: float, seed: int, mtp_labels: str = "data"):
+def train(cfg: DecoderConfig, *, steps: int, batch: int, ctx: int, lr: float, seed: int):
     vocab = MockVocab(vocab_size=cfg.vocab_size)
     data = vocab.encode(make_stream(seed=seed))
     model = MTPModel(cfg, rngs=nnx.Rngs(seed), kv_dtype=jnp.float32)
@@ -91,7 +72,7 @@ def train(cfg: DecoderConfig, *, steps: int, batch: int, ctx: int, lr: float, se
     @jax.jit
     def step(params, opt_state, seqs):
         def loss_fn(p):
-            per_head = losses(nnx.merge(graphdef, p), seqs, ctx, mtp_labels)
+            per_head = losses(nnx.merge(graphdef, p), seqs, ctx)
             return per_head[0] + 0.5 * jnp.sum(per_head[1:]), per_head
 
         (_, per_head), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
@@ -108,10 +89,8 @@ def train(cfg: DecoderConfig, *, steps: int, batch: int, ctx: int, lr: float, se
             bar.set_postfix(loss=" ".join(f"{x:.3f}" for x in np.asarray(per_head)))
     model = nnx.merge(graphdef, params)
     starts = np.random.default_rng(seed + 7).integers(0, len(data) - span, 64)
-    held = jnp.asarray(np.stack([data[s : s + span] for s in starts]))
-    acc = np.asarray(accuracies(model, held, ctx))
-    agree = np.asarray(accuracies(model, held, ctx, "target"))[1:]
-    return model, acc, agree
+    acc = np.asarray(accuracies(model, jnp.asarray(np.stack([data[s : s + span] for s in starts])), ctx))
+    return model, acc
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -130,9 +109,6 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--ctx", type=int, default=64, help="context length of a training sequence (default: %(default)s)")
     ap.add_argument("--lr", type=float, default=3e-3,
                     help="peak AdamW learning rate, warmup + cosine decay (default: %(default)s)")
-    ap.add_argument("--mtp-labels", choices=("data", "target"), default="data",
-                    help="what the MTP layers learn to predict: the corpus's tokens, or the target's own greedy "
-                         "predictions of them (what verify accepts) (default: %(default)s)")
     ap.add_argument("--seed", type=int, default=0,
                     help="seed of the initialisation, corpus and batches (default: %(default)s)")
     return ap
@@ -142,12 +118,9 @@ def main(argv=None):
     args = _parser().parse_args(argv)
     cfg = PAIR_CONFIGS[args.config]
     t0 = time.time()
-    model, acc, agree = train(cfg, steps=args.steps, batch=args.batch, ctx=args.ctx, lr=args.lr, seed=args.seed,
-                              mtp_labels=args.mtp_labels)
-    print(f"trained in {time.time() - t0:.0f}s; top-1 accuracy target / MTP layers: {np.round(acc, 3).tolist()}; "
-          f"MTP layers' agreement with the target's greedy tokens: {np.round(agree, 3).tolist()}")
-    save_pair(model, args.out, steps=args.steps, accuracy=[float(a) for a in acc],
-              target_agreement=[float(a) for a in agree], mtp_labels=args.mtp_labels)
+    model, acc = train(cfg, steps=args.steps, batch=args.batch, ctx=args.ctx, lr=args.lr, seed=args.seed)
+    print(f"trained in {time.time() - t0:.0f}s; top-1 accuracy target / MTP layers: {np.round(acc, 3).tolist()}")
+    save_pair(model, args.out, steps=args.steps, accuracy=[float(a) for a in acc])
     print(f"saved {args.out}")
 
 

@@ -9,7 +9,7 @@ import pytest
 
 @pytest.mark.parametrize("module, flags", [
     ("jaxspec.demo", ["--device", "--config", "--batch", "--max-new", "--page-size", "--weights", "--repeats"]),
-    ("jaxspec.train_tiny", ["--out", "--config", "--steps", "--batch", "--ctx", "--lr", "--mtp-labels", "--seed"]),
+    ("jaxspec.train_tiny", ["--out", "--config", "--steps", "--batch", "--ctx", "--lr", "--seed"]),
     ("jaxspec.interop.check_model", ["--batch", "--prompt-len", "--new-tokens", "--rtol", "--page-size", "--seed"]),
 ])
 def test_help(module, flags):
