@@ -12,12 +12,12 @@ cd "$(dirname "$0")/.."
 TREE_B=$1 N=$2; shift 2
 OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
 export XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1
-export XLA_FLAGS="${XLA_FLAGS-"--xla_gpu_graph_min_graph_size=1 --xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,WHILE,CONDITIONAL"}"
+source bench/_gpu_env.sh  # GPU_XLA_FLAGS, jaxspec_site
+export XLA_FLAGS="${XLA_FLAGS-$GPU_XLA_FLAGS}"
 python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . >/dev/null 2>&1 || echo "A: editable install failed" >&2
-# B as an importable package (jaxspec.kernels / jaxspec.interop live in kernels/ and interop/ in the repo)
-SITE_B=/tmp/ab_tree_b; rm -rf "$SITE_B"; mkdir -p "$SITE_B"
-cp -r "$TREE_B/jaxspec" "$SITE_B/" && cp -r "$TREE_B/kernels" "$SITE_B/jaxspec/kernels" \
-  && cp -r "$TREE_B/interop" "$SITE_B/jaxspec/interop" || exit 1
+# B as an importable package
+SITE_B=/tmp/ab_tree_b
+jaxspec_site "$SITE_B" "$TREE_B" || exit 1
 ROOT=$PWD
 for i in $(seq 1 "$N"); do
   for side in A B; do

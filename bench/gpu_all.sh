@@ -12,10 +12,7 @@ OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
 export XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1 TORCHDYNAMO_DISABLE=1 JAXSPEC_TEST_GPU=1
 PARTS=${*:-env tests kernels check step decode}
 PY=python3
-# XLA:GPU options for the decode loops (README, "Performance"): command buffers (CUDA graphs) for every run of
-# kernels, however short, and for the loops and conditionals themselves. Measured on the H200 (BENCHMARKS.md):
-# the 8B chain round at batch 32 9.5 ms instead of 12.1 ms (launch gaps between small kernels).
-GPU_XLA_FLAGS="--xla_gpu_graph_min_graph_size=1 --xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,WHILE,CONDITIONAL"
+source bench/_gpu_env.sh  # GPU_XLA_FLAGS (the decode loops' XLA:GPU options), jaxspec_site
 # GPU_XLA_FLAGS_EXTRA: appended for one call (e.g. --xla_dump_to=... for the HLO and thunk sequences)
 GPU_XLA_FLAGS="$GPU_XLA_FLAGS${GPU_XLA_FLAGS_EXTRA:+ $GPU_XLA_FLAGS_EXTRA}"
 fail=0
@@ -30,11 +27,9 @@ run() {  # run NAME TIMEOUT CMD...
 # Offline installs: tvm-ffi (for SGLang's run-time-compiled CUDA kernels) and jaxspec itself.
 whl=$(ls .originals/apache-tvm-ffi-*/*.whl 2>/dev/null | head -1)
 if [ -n "$whl" ]; then $PY -m pip install -q --no-index --no-deps --target /tmp/site "$whl" && export PYTHONPATH=/tmp/site; fi
-# jaxspec.kernels / jaxspec.interop map to the top-level kernels/ and interop/ folders only through the
-# package install; where the image's setuptools cannot build it, assemble the package in a site folder.
+# Where the image's setuptools cannot build the package install, assemble the package in a site folder.
 if ! $PY -m pip install -q --no-index --no-deps --no-build-isolation -e . >/dev/null 2>&1; then
-  rm -rf /tmp/jsite && mkdir -p /tmp/jsite && cp -r jaxspec /tmp/jsite/ && cp -r kernels /tmp/jsite/jaxspec/kernels \
-    && cp -r interop /tmp/jsite/jaxspec/interop && export PYTHONPATH=/tmp/jsite${PYTHONPATH:+:$PYTHONPATH}
+  jaxspec_site /tmp/jsite . && export PYTHONPATH=/tmp/jsite${PYTHONPATH:+:$PYTHONPATH}
   echo "jaxspec from /tmp/jsite (editable install unavailable)"
 fi
 for p in $PARTS; do case $p in

@@ -1,0 +1,15 @@
+# Sourced by bench/gpu_all.sh and bench/ab_trees.sh: the decode loops' XLA:GPU options and the assembly of an
+# importable jaxspec package from a source tree.
+
+# XLA:GPU options for the decode loops (README, "Performance"): command buffers (CUDA graphs) for every run of
+# kernels, however short, and for the loops and conditionals themselves. Measured on the H200 (BENCHMARKS.md):
+# the 8B chain round at batch 32 9.5 ms instead of 12.1 ms (launch gaps between small kernels).
+GPU_XLA_FLAGS="--xla_gpu_graph_min_graph_size=1 --xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,WHILE,CONDITIONAL"
+
+# jaxspec_site DEST TREE: DEST/jaxspec = TREE's jaxspec/ with its kernels/ and interop/ inside, the package the
+# install would build (jaxspec.kernels / jaxspec.interop map to the top-level folders only through it); put DEST
+# on PYTHONPATH to import it.
+jaxspec_site() {
+  rm -rf "$1" && mkdir -p "$1" && cp -r "$2/jaxspec" "$1/" && cp -r "$2/kernels" "$1/jaxspec/kernels" \
+    && cp -r "$2/interop" "$1/jaxspec/interop"
+}
