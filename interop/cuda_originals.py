@@ -101,7 +101,7 @@ def _tvm_ffi():
     key = "-".join(_orig.TVM_FFI)
     wheels = sorted((_orig.originals_root() / key).glob("*.whl"))
     if not wheels:
-        raise CudaOriginalsError(
+        raise _orig.OriginalsMissing(
             f"tvm_ffi is not importable and no {key} wheel under {_orig.originals_root() / key}; "
             f"run `python -m jaxspec.interop.fetch --cuda`"
         )

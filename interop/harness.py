@@ -16,7 +16,8 @@ The ops are defined in ``ops_spec`` / ``ops_kernels``, which register them in ``
 reads that table. Ops with an ``implementation`` keyword run both ``"pallas"`` (``interpret=True`` on
 CPU) and ``"reference"``. A case that differs on an input of one of the op's documented
 ``known_differences`` classes (e.g. exact score ties for ``select_top_k_tokens``) is counted under that
-class, not as a mismatch (``run_cases``).
+class, not as a mismatch (``run_cases``); an original that cannot run here (``OriginalsMissing``: not fetched;
+``PinMismatch``: modified) raises out of ``run_cases`` rather than counting as one.
 """
 
 import dataclasses
@@ -27,7 +28,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from jaxspec.interop import dlpack
+from jaxspec.interop import dlpack, originals, pins
 from jaxspec.interop import ops_attention, ops_kernels, ops_spec  # noqa: F401 - they register their ops in registry.OPS
 from jaxspec.interop.registry import OPS, OpDef
 
@@ -219,6 +220,8 @@ def run_cases(op: str, *, seed: int, cases: int, device: str = "cpu", max_config
                 try:
                     rep = compare(op, implementation=label, device=device, **inputs)
                     ok, text, raised = rep.ok, str(rep), False
+                except (originals.OriginalsMissing, pins.PinMismatch):
+                    raise  # the original cannot run here (not fetched, or modified): a set-up error, not a mismatch
                 except Exception as e:  # reported, counted as a mismatch (never a known difference)
                     ok, text, raised = False, f"{type(e).__name__}: {e}", True
                 if klass is not None and not raised:

@@ -134,3 +134,34 @@ def test_check_cli_reports_known_differences(capsys):
     out = capsys.readouterr().out
     assert rc == 0, out
     assert "[ties]" in out and "[subnormals]" in out and "known difference select_top_k_tokens [ties]:" in out
+
+
+def test_unfetched_original_is_a_setup_error_not_a_mismatch(tmp_path, monkeypatch, capsys):
+    """Without the extracted originals the side-by-side check stops with the fetch command (exit 2), instead of
+    counting every case of the op as a mismatch."""
+    monkeypatch.setenv("JAXSPEC_ORIGINALS", str(tmp_path))
+    with pytest.raises(originals.OriginalsMissing, match=r"python -m jaxspec\.interop\.fetch"):
+        harness.run_cases("fill_bonus_tokens", seed=0, cases=1, max_configs=1)
+    from jaxspec.interop import check
+
+    assert check.main(["--ops", "fill_bonus_tokens", "--cases", "1"]) == 2
+    assert "python -m jaxspec.interop.fetch" in capsys.readouterr().err
+
+
+def test_unfetched_tvm_ffi_wheel_names_the_cuda_fetch(tmp_path, monkeypatch):
+    """The CUDA originals' missing tvm-ffi wheel is the same set-up error (``check --device cuda`` exits 2)."""
+    import builtins
+
+    from jaxspec.interop import cuda_originals
+
+    real_import = builtins.__import__
+
+    def no_tvm_ffi(name, *a, **kw):
+        if name == "tvm_ffi":
+            raise ImportError("no tvm_ffi in this test")
+        return real_import(name, *a, **kw)
+
+    monkeypatch.setattr(builtins, "__import__", no_tvm_ffi)
+    monkeypatch.setenv("JAXSPEC_ORIGINALS", str(tmp_path))
+    with pytest.raises(originals.OriginalsMissing, match=r"python -m jaxspec\.interop\.fetch --cuda"):
+        cuda_originals._tvm_ffi.__wrapped__()
