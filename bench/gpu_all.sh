@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Everything jaxspec measures and checks on the H200, in one call of the device tool:
 #   run(command="bash bench/gpu_all.sh [parts]", carry=[".originals"])
+# with .originals from `python -m jaxspec.interop.fetch --cuda` (the CUDA originals of `check` need the --cuda files).
 # parts (default: env tests kernels check step decode; also decode-quick (greedy device loop only), attention, attention-quick, train, e2e: end-to-end at
 # 8B / 1B scale, bench/e2e.py --quick, about 9 min: one call on its own; call-cost: bench/call_cost.py). All of them take
 # more than one device call allows (10 min): run them as two calls, e.g. "env tests check step" then
