@@ -74,11 +74,13 @@ def cpu_xla_flags(current: str, jaxlib_version: str) -> str:
 
 # Why the speed-up grows with the target's size (printed under the table).
 WHY = (
-    "why: a round = one target forward over its N verify tokens + the draft layers + bookkeeping. A forward costs\n"
-    "  per layer far more than per token (reading the weights; on a CPU also each layer's many small ops), so\n"
-    "  verifying N tokens costs about one decode step, while the draft and bookkeeping are fixed costs: the bigger\n"
-    "  the target (here {layers} layers against {mtp} draft layers), the closer a round gets to one step's cost and\n"
-    "  the speed-up to the accept length."
+    "why: a round = one target forward over its N verify tokens + the draft layers + bookkeeping. Where a forward\n"
+    "  is bound by reading the weights (a GPU at model scale: on the H200 a batch-1 chain round of an 8B-shaped\n"
+    "  target costs ~1.15 plain decode steps, BENCHMARKS.md), verifying N tokens costs about one step; the draft\n"
+    "  and bookkeeping are fixed costs, so the bigger the target (here {layers} layers against {mtp} draft layers),\n"
+    "  the closer a round gets to one step and the speed-up to the accept length. On a CPU at this model's size a\n"
+    "  forward's arithmetic and many small ops grow with the rows (a 4-row forward costs 1.6-2.2 one-row ones),\n"
+    "  which caps the win here."
 )
 
 
