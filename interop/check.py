@@ -7,9 +7,11 @@ references. --device cuda runs both natively and adds SGLang 0.5.23's run-time-c
 beforehand, nvcc and CUDA_HOME).
 
 Each (op, config, implementation) row runs --cases random cases; "mismatches" counts the cases with any
-differing output element (or an error). Inputs in a documented known-difference class (e.g. exact score
-ties for select_top_k_tokens, where torch's top-k order is implementation-defined) are counted in the
-"known" column as "differing/cases [class]" and explained under the table; they do not fail the run.
+differing output element (or an error raised by it). An original that cannot run here (not fetched, or modified
+on disk) stops the check with exit 2 and says why (for a missing file, the fetch command). Inputs in a documented
+known-difference class (e.g. exact score ties for select_top_k_tokens, where torch's top-k order is
+implementation-defined) are counted in the "known" column as "differing/cases [class]" and explained under the
+table; they do not fail the run.
 Most of the CPU time is JAX compilation (one per config and implementation); the cases are cheap.
 """
 
