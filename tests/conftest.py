@@ -31,12 +31,21 @@ except ImportError:  # pragma: no cover
     pass
 
 
+def pytest_addoption(parser):
+    parser.addoption("--runslow", action="store_true", default=False,
+                     help="also run the tests marked slow (or set JAXSPEC_SLOW=1)")
+
+
 def pytest_collection_modifyitems(config, items):
     gpu = jax.default_backend() == "gpu"
+    slow = config.getoption("--runslow") or os.environ.get("JAXSPEC_SLOW") == "1"
     skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU")
+    skip_slow = pytest.mark.skip(reason="slow: run with --runslow or JAXSPEC_SLOW=1")
     for item in items:
         if "gpu" in item.keywords and not gpu:
             item.add_marker(skip_gpu)
+        if "slow" in item.keywords and not slow:
+            item.add_marker(skip_slow)
 
 
 @pytest.fixture(scope="module", autouse=True)
