@@ -22,6 +22,7 @@ from flax import nnx
 
 from jaxspec.models.config import DecoderConfig
 from jaxspec.models.decoder import Decoder
+from jaxspec.models.gguf import is_gguf, load_gguf
 from jaxspec.models.mtp import MTPModel
 
 _INDEX = "model.safetensors.index.json"
@@ -138,12 +139,21 @@ def load_weights(model: Decoder, path: str, *, strict: bool = True) -> Decoder:
 
 def load_model(path: str, *, param_dtype=jnp.float32, kv_dtype=None, mtp: bool | None = None,
                aux_layers: tuple[int, ...] | None = None, num_draft_steps: int | None = None) -> Decoder:
-    """Load a checkpoint directory as a ``Decoder``, or as an ``MTPModel`` when it has MTP layers.
+    """Load a checkpoint directory as a ``Decoder``, or as an ``MTPModel`` when it has MTP layers; or a llama
+    ``.gguf`` file as a ``Decoder`` (``jaxspec.models.gguf``: dequantized to ``param_dtype``; no MTP layers).
 
     ``mtp``: ``None`` -> an ``MTPModel`` iff ``config.json`` has ``num_nextn_predict_layers > 0``; ``True``
     requires them; ``False`` loads the target only. ``aux_layers`` (EAGLE-3 features) needs ``mtp`` falsy.
     ``num_draft_steps``: an ``MTPModel``'s draft steps (default: its MTP layers; more reuse the last layer).
     """
+    if is_gguf(path):
+        if mtp:
+            raise ValueError(f"{path}: mtp=True but a GGUF file holds no MTP layers")
+        if num_draft_steps is not None:
+            raise ValueError("num_draft_steps: applies to an MTPModel only (a GGUF file loads as a Decoder)")
+        return load_gguf(path, param_dtype=param_dtype, kv_dtype=kv_dtype, aux_layers=aux_layers)
+    if os.path.isfile(path) and str(path).endswith(".gguf"):
+        raise ValueError(f"{path}: not a GGUF file (it does not start with the GGUF magic)")
     cfg = read_config(path)
     if mtp is None:
         mtp = cfg.num_nextn_predict_layers > 0 and aux_layers is None
