@@ -87,9 +87,11 @@ def dequantize(data: np.ndarray, type_name: str, shape: tuple[int, ...], dtype=n
     raw = raw.reshape(rows, row_bytes)
     out = np.empty((rows, cols), dtype)
     step = max(1, _CHUNK_ELEMENTS // max(cols, 1))
-    for lo in range(0, rows, step):
-        hi = min(rows, lo + step)
-        out[lo:hi] = _decode(raw[lo:hi], type_name, cols).astype(dtype, copy=False)
+    # A NaN/inf in the file stays NaN/inf (numpy would warn on its cast or on inf * 0; nothing is altered).
+    with np.errstate(invalid="ignore", over="ignore"):
+        for lo in range(0, rows, step):
+            hi = min(rows, lo + step)
+            out[lo:hi] = _decode(raw[lo:hi], type_name, cols).astype(dtype, copy=False)
     return out.reshape(shape)
 
 
@@ -258,8 +260,8 @@ def _info(path, reader) -> GGUFModelInfo:
     cfg = DecoderConfig(
         vocab_size=vocab, hidden_size=hidden, intermediate_size=int(need("feed_forward_length")),
         num_hidden_layers=int(need("block_count")), num_attention_heads=heads, num_key_value_heads=kv_heads,
-        head_dim=head_dim, rms_norm_eps=float(meta.get("llama.attention.layer_norm_rms_epsilon", 1e-5)),
-        rope_theta=float(meta.get("llama.rope.freq_base", 10000.0)),
+        head_dim=head_dim, rms_norm_eps=_f32(meta.get("llama.attention.layer_norm_rms_epsilon", 1e-5)),
+        rope_theta=_f32(meta.get("llama.rope.freq_base", 10000.0)),
         attention_bias="blk.0.attn_q.bias" in tensors, tie_word_embeddings="output.weight" not in tensors,
         model_type="llama")
 
@@ -271,6 +273,12 @@ def _info(path, reader) -> GGUFModelInfo:
     return GGUFModelInfo(config=cfg, context_length=None if ctx is None else int(ctx), bos_token_id=tok("bos"),
                          eos_token_id=tok("eos"), pad_token_id=tok("padding"),
                          general={k[8:]: v for k, v in meta.items() if k.startswith("general.") and isinstance(v, str)})
+
+
+def _f32(v) -> float:
+    """A float32 metadata value as the shortest decimal that rounds back to it (1e-05, not 9.99999974e-06):
+    the same float32, readable in a config.json."""
+    return float(str(np.float32(v)))
 
 
 def read_gguf_info(path) -> GGUFModelInfo:
