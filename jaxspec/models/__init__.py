@@ -1,11 +1,16 @@
 """jaxspec.models: Llama-family decoders (Llama 2/3, Qwen2/2.5, Mistral) with DeepSeek-V3 MTP draft layers,
-loaded from Hugging Face safetensors checkpoints, over a paged KV cache (Flax NNX); the shipped tiny pair
+loaded from Hugging Face safetensors checkpoints or llama GGUF files (``load_model``), over a paged KV cache
+(Flax NNX); real models fetched by name into the user cache (``fetch_model("smollm2-135m-instruct")``); the shipped tiny pair
 (``load_pair()``: the ``MTPModel`` of ``DEFAULT_WEIGHTS``) and the demo's deeper pair (``DEMO_WEIGHTS``)."""
 
 from jaxspec.models.checkpoint import load_model as load_model
 from jaxspec.models.checkpoint import save_model as save_model
 from jaxspec.models.config import DecoderConfig as DecoderConfig
 from jaxspec.models.decoder import Decoder as Decoder
+from jaxspec.models.fetch import MODELS as MODELS
+from jaxspec.models.fetch import fetch_model as fetch_model
+from jaxspec.models.gguf import read_gguf_config as read_gguf_config
+from jaxspec.models.gguf import read_gguf_info as read_gguf_info
 from jaxspec.models.io import DEFAULT_WEIGHTS as DEFAULT_WEIGHTS
 from jaxspec.models.io import DEMO_PAIR_CONFIG as DEMO_PAIR_CONFIG
 from jaxspec.models.io import DEMO_WEIGHTS as DEMO_WEIGHTS
