@@ -2,6 +2,7 @@
 writer and quantizer, one per supported type, load to the weights of their dequantized source; the q/k rope
 permutation of llama.cpp's converter is undone; refusals name the tensor. CPU, f32, seconds."""
 
+import json
 import os
 
 import gguf
@@ -325,3 +326,29 @@ def test_load_model_gguf_arguments(tmp_path):
     fake.write_bytes(b"not a gguf")
     with pytest.raises(ValueError, match="not a GGUF file"):
         load_model(str(fake))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_convert_to_hf_directory(tmp_path, dtype, capsys):
+    """convert writes config.json + model.safetensors + generation_config.json; the directory loads to the GGUF's
+    Decoder bit for bit (f32: the same logits; bf16: the same bf16 tensors)."""
+    from jaxspec.models import convert
+
+    _, hf = random_hf(CFG, tmp_path)
+    src = tmp_path / "c.gguf"
+    write_llama_gguf(src, CFG, hf, qtype="Q4_0", types={"token_embd.weight": "Q8_0"})
+    out = tmp_path / "out"
+    assert convert.main([str(src), str(out), "--dtype", dtype]) == 0
+    assert capsys.readouterr().out.strip() == str(out)
+    assert sorted(os.listdir(out)) == ["config.json", "generation_config.json", "model.safetensors"]
+    cfg = json.loads((out / "config.json").read_text())
+    assert (cfg["max_position_embeddings"], cfg["bos_token_id"], cfg["eos_token_id"], cfg["torch_dtype"]) == (
+        256, 1, 2, dtype)
+    assert json.loads((out / "generation_config.json").read_text()) == {"bos_token_id": 1, "eos_token_id": 2}
+    pd = getattr(jnp, dtype)
+    a, b = load_model(str(src), param_dtype=pd), load_model(str(out), param_dtype=pd)
+    assert a.cfg == b.cfg
+    for (ka, va), (kb, vb) in zip(nnx.to_flat_state(nnx.state(a, nnx.Param)), nnx.to_flat_state(nnx.state(b, nnx.Param))):
+        assert ka == kb and va.get_value().dtype == vb.get_value().dtype == pd
+        np.testing.assert_array_equal(np.asarray(va.get_value()), np.asarray(vb.get_value()), err_msg=str(ka))
+    assert convert.main([str(tmp_path / "nope.gguf"), str(tmp_path / "o2")]) == 2
