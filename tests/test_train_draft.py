@@ -16,6 +16,9 @@ from jaxspec.models.eagle3 import aux_layers_from_ids, load_eagle3
 from jaxspec.models.eagle3_drafter import EAGLE3Drafter
 from jaxspec import train_draft as td
 
+# Every test here compiles the engine and/or a training step on the tiny target: minutes on a 2-core CPU.
+pytestmark = pytest.mark.slow
+
 CFG = DecoderConfig(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
                     num_key_value_heads=2, head_dim=16)
 IDS = (0, 1, 2)  # EAGLE-3 taps: outputs of layers 0, 1, 2 (inputs of 1, 2 and the final pre-norm hidden)
