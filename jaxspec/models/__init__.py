@@ -17,6 +17,13 @@ from jaxspec.models.io import DEMO_WEIGHTS as DEMO_WEIGHTS
 from jaxspec.models.io import TINY_PAIR_CONFIG as TINY_PAIR_CONFIG
 from jaxspec.models.io import load_pair as load_pair
 from jaxspec.models.io import save_pair as save_pair
+from jaxspec.models.eagle3 import EAGLE3Model as EAGLE3Model
+from jaxspec.models.eagle3 import Eagle3Config as Eagle3Config
+from jaxspec.models.eagle3 import aux_layers_from_ids as aux_layers_from_ids
+from jaxspec.models.eagle3 import load_eagle3 as load_eagle3
+from jaxspec.models.eagle3 import save_eagle3 as save_eagle3
+from jaxspec.models.eagle3_drafter import EAGLE3Drafter as EAGLE3Drafter
+from jaxspec.models.eagle3_drafter import EAGLE3DraftState as EAGLE3DraftState
 from jaxspec.models.mtp_drafter import MTPDrafter as MTPDrafter
 from jaxspec.models.mtp_drafter import MTPDraftState as MTPDraftState
 from jaxspec.models.mtp import MTPModel as MTPModel
