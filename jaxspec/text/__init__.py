@@ -1,0 +1,10 @@
+"""jaxspec.text: the text layer beside the models -- tokenizers (``tokenizer.json`` or a GGUF's own
+vocabulary), chat templates rendered as transformers renders them, the checkpoint's stop tokens, streaming
+detokenization, and text-in/text-out generation over ``jaxspec.engine.Engine``.
+
+The engine and the speculative round deal in token ids and never import this package."""
+
+from jaxspec.text.chat import ChatTemplateError as ChatTemplateError
+from jaxspec.text.chat import render_chat_template as render_chat_template
+from jaxspec.text.tokenizer import IncrementalDetokenizer as IncrementalDetokenizer
+from jaxspec.text.tokenizer import Tokenizer as Tokenizer
