@@ -120,6 +120,7 @@ class Eagle3Config:
     target_hidden_size: int
     draft_vocab_size: int
     aux_layer_ids: tuple[int, ...]
+    max_position_embeddings: int = 8192  # written for SGLang's RoPE cache (transformers' LlamaConfig default: 2048)
 
     def __post_init__(self):
         if self.decoder.num_hidden_layers != 1:
@@ -145,6 +146,7 @@ class Eagle3Config:
         d.pop("num_nextn_predict_layers", None)
         d.update(architectures=[ARCHITECTURE], num_hidden_layers=1, draft_vocab_size=self.draft_vocab_size,
                  target_hidden_size=self.target_hidden_size, tie_word_embeddings=False, torch_dtype="bfloat16",
+                 max_position_embeddings=self.max_position_embeddings,
                  eagle_config={"eagle_aux_hidden_state_layer_ids": list(self.aux_layer_ids),
                                "use_aux_hidden_state": True})
         return d
@@ -165,7 +167,8 @@ class Eagle3Config:
         hf = dict(hf, tie_word_embeddings=False, num_nextn_predict_layers=0)
         dec = DecoderConfig.from_hf(hf)
         vd = hf.get("draft_vocab_size") or dec.vocab_size
-        return cls(dec, int(hf.get("target_hidden_size") or dec.hidden_size), int(vd), tuple(int(i) for i in ids))
+        return cls(dec, int(hf.get("target_hidden_size") or dec.hidden_size), int(vd), tuple(int(i) for i in ids),
+                   int(hf.get("max_position_embeddings") or 2048))
 
 
 class Eagle3Attention(SelfAttention):
