@@ -8,3 +8,6 @@ from jaxspec.text.chat import ChatTemplateError as ChatTemplateError
 from jaxspec.text.chat import render_chat_template as render_chat_template
 from jaxspec.text.tokenizer import IncrementalDetokenizer as IncrementalDetokenizer
 from jaxspec.text.tokenizer import Tokenizer as Tokenizer
+from jaxspec.text.generate import TextGenerator as TextGenerator
+from jaxspec.text.generate import TextOutput as TextOutput
+from jaxspec.text.generate import load_chat_model as load_chat_model
