@@ -83,6 +83,8 @@ def write_llama_gguf(path, cfg: DecoderConfig, hf: dict[str, np.ndarray], *, qty
     w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     w.add_rope_freq_base(cfg.rope_theta)
     w.add_rope_dimension_count(cfg.head_dim)
+    if "llama.vocab_size" not in (meta or {}):
+        w.add_vocab_size(cfg.vocab_size)  # optional for jaxspec; transformers needs it (or a token list)
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)
     for k, v in (meta or {}).items():
@@ -174,7 +176,8 @@ def test_dequantize_block_layout_by_hand():
                                   np.concatenate([expect_lo, np.full(16, -4.0)]).astype(np.float32))
     q41 = np.frombuffer(d + m + bytes((15 - j) << 4 for j in range(16)), np.uint8)  # high nibble 15-j, low 0
     np.testing.assert_array_equal(jgguf.dequantize(q41, "Q4_1", (32,)),
-                                  np.concatenate([np.full(16, -1.0), (15 - np.arange(16)) * 0.5 - 1.0]).astype(np.float32))
+                                  np.concatenate([np.full(16, -1.0), (15 - np.arange(16)) * 0.5 - 1.0])
+                                  .astype(np.float32))
     q80 = np.frombuffer(d + np.arange(-16, 16, dtype=np.int8).tobytes(), np.uint8)
     np.testing.assert_array_equal(jgguf.dequantize(q80, "Q8_0", (32,)), (np.arange(-16, 16) * 0.5).astype(np.float32))
 
@@ -182,7 +185,8 @@ def test_dequantize_block_layout_by_hand():
 def test_dequantize_refusals():
     with pytest.raises(ValueError, match="tensor w: GGUF type Q5_K is not supported \\(supported: F32, F16, BF16"):
         jgguf.dequantize(np.zeros(176, np.uint8), "Q5_K", (256,), name="w")
-    with pytest.raises(ValueError, match="tensor w: Q4_0 rows hold whole blocks of 32 elements, but the row length is 48"):
+    with pytest.raises(ValueError, match="tensor w: Q4_0 rows hold whole blocks of 32 elements, but the row length "
+                                         "is 48"):
         jgguf.dequantize(np.zeros(27, np.uint8), "Q4_0", (48,), name="w")
     with pytest.raises(ValueError, match="tensor w: Q8_0 of shape \\(2, 32\\) needs 68 bytes, found 34"):
         jgguf.dequantize(np.zeros(34, np.uint8), "Q8_0", (2, 32), name="w")
@@ -309,7 +313,8 @@ def test_unsupported_type_refused_by_name(tmp_path):
 def test_unsupported_metadata_refused(tmp_path):
     _refused(tmp_path, "llama.expert_count = 4", meta={"llama.expert_count": 4})
     _refused(tmp_path, "llama.rope.scaling.type = 'linear'", meta={"llama.rope.scaling.type": "linear"})
-    _refused(tmp_path, "llama.vocab_size says 100 tokens, token_embd.weight has 128 rows", meta={"llama.vocab_size": 100})
+    _refused(tmp_path, "llama.vocab_size says 100 tokens, token_embd.weight has 128 rows",
+             meta={"llama.vocab_size": 100})
 
 
 def test_load_model_gguf_arguments(tmp_path):
@@ -348,7 +353,8 @@ def test_convert_to_hf_directory(tmp_path, dtype, capsys):
     pd = getattr(jnp, dtype)
     a, b = load_model(str(src), param_dtype=pd), load_model(str(out), param_dtype=pd)
     assert a.cfg == b.cfg
-    for (ka, va), (kb, vb) in zip(nnx.to_flat_state(nnx.state(a, nnx.Param)), nnx.to_flat_state(nnx.state(b, nnx.Param))):
+    flat_b = nnx.to_flat_state(nnx.state(b, nnx.Param))
+    for (ka, va), (kb, vb) in zip(nnx.to_flat_state(nnx.state(a, nnx.Param)), flat_b):
         assert ka == kb and va.get_value().dtype == vb.get_value().dtype == pd
         np.testing.assert_array_equal(np.asarray(va.get_value()), np.asarray(vb.get_value()), err_msg=str(ka))
     assert convert.main([str(tmp_path / "nope.gguf"), str(tmp_path / "o2")]) == 2
