@@ -22,6 +22,7 @@ from jaxspec import _validate
 from jaxspec._validate import check_shape
 from jaxspec.config import SpecConfig
 from jaxspec.ops import verify as _verify
+from jaxspec.ops.temperature import tempered_probs
 
 _LOGIT_DTYPES = (np.float32, jnp.bfloat16, np.float16)
 MAX_COIN = 1.0 - 2.0**-24  # largest float32 below 1: coins must lie in [0, 1) (a coin of 1.0 can pick a p=0 token)
@@ -73,13 +74,9 @@ def _sampling_probs(logits, temperatures, top_ks, top_ps, *, checks):
     b, n, v = logits.shape
     if checks:
         checkify.check(jnp.all(temperatures >= 0), "temperatures: expected values >= 0 (0 = greedy)")
-    # softmax(logits / T) in float32, T repeated per node (upstream: repeat_interleave(temperatures, N)).
-    # A request with T <= 0 (or NaN) samples greedily: its rows are one-hot at the first argmax.
-    greedy = ~(temperatures > 0)
-    scaled = logits.astype(jnp.float32) / jnp.where(greedy, 1.0, temperatures)[:, None, None]
-    probs = jax.nn.softmax(scaled, axis=-1)
-    one_hot = jax.nn.one_hot(jnp.argmax(logits, axis=-1), v, dtype=jnp.float32)
-    probs = jnp.where(greedy[:, None, None], one_hot, probs).reshape(b * n, v)
+    # softmax(logits / T) in float32, T repeated per node (upstream: repeat_interleave(temperatures, N)),
+    # finite for every T > 0; a request with T <= 0 (or NaN) samples greedily (one-hot at the first argmax).
+    probs = tempered_probs(logits, jnp.broadcast_to(temperatures[:, None], (b, n))).reshape(b * n, v)
     if top_ks is not None:
         probs = _verify._top_k_renorm(probs, jnp.repeat(top_ks, n, total_repeat_length=b * n), checks=checks)
     if top_ps is not None:
