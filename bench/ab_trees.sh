@@ -4,7 +4,8 @@
 # `git archive <commit> jaxspec kernels interop | tar -x -C out/old_tree`), N processes each, under the
 # decode loops' XLA options (bench/gpu_all.sh). One process's figures move by 2-5% from the next (BENCHMARKS.md),
 # so a change of that size needs interleaved processes, not one run each.
-#   run(command="bash bench/ab_trees.sh out/old_tree 2 --models 8b --batches 1,32 ...", carry=["out/old_tree"])
+#   git archive <commit> jaxspec kernels interop | (mkdir -p out/old_tree && tar -x -C out/old_tree)
+#   bash bench/ab_trees.sh out/old_tree 2 --models 8b --batches 1,32 ...
 # Writes $OUT/ab_{A,B}_<i>.{log,json}; prints each process's table and which jaxspec it imported.
 set -uo pipefail
 cd "$(dirname "$0")/.."

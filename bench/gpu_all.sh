@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# Everything jaxspec measures and checks on the H200, in one call of the device tool:
-#   run(command="bash bench/gpu_all.sh [parts]", carry=[".originals"])
-# with .originals from `python -m jaxspec.interop.fetch --cuda` (the CUDA originals of `check` need the --cuda files).
-# parts (default: env tests kernels check step decode; also decode-quick (greedy device loop only), attention, attention-quick, train, e2e: end-to-end at
-# 8B / 1B scale, bench/e2e.py --quick, about 9 min: one call on its own; call-cost: bench/call_cost.py). All of them take
-# more than one device call allows (10 min): run them as two calls, e.g. "env tests check step" then
-# "env decode attention".
+# Everything jaxspec measures and checks on the GPU (H200), from the repository root of a checkout:
+#   python -m jaxspec.interop.fetch --cuda     # once: .originals/ (the CUDA originals of `check` need --cuda)
+#   bash bench/gpu_all.sh [parts]
+# parts (default: env tests kernels check step decode; also decode-quick (greedy device loop only), attention,
+# attention-quick, train, e2e: end-to-end at 8B / 1B scale, bench/e2e.py --quick, about 9 min on its own;
+# e2e-flags, call-cost: bench/call_cost.py). Each part has its own time limit; all of them together take more
+# than 10 minutes, so on a machine lent for 10 minutes at a time run them in groups, e.g. "env tests check step"
+# then "env decode attention".
 # Writes logs/JSON/PNG under $OUT (or ./out). Keeps going after a failing part; exit 1 if any failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."

@@ -3,9 +3,8 @@ to bring back: per module, its after-optimizations HLO's dynamic-slice fusions (
 a loop out of a command buffer) and async starts, each with its metadata (the jax function it came from), and
 the thunk sequence's command-buffer / while / dynamic-slice structure.
 
-Usage: ``python bench/hlo_grep.py DUMP_DIR [--module-re RE] > out.txt`` run on the device in the same call as
-the dump (``GPU_XLA_FLAGS_EXTRA="--xla_dump_to=DIR ..." bash bench/gpu_all.sh e2e``): the dump itself is too big to
-bring back.
+Usage: ``python bench/hlo_grep.py DUMP_DIR [--module-re RE] > out.txt`` on the GPU machine, right after the dump
+(``GPU_XLA_FLAGS_EXTRA="--xla_dump_to=DIR ..." bash bench/gpu_all.sh e2e``): the dump itself is too big to keep.
 """
 
 import glob

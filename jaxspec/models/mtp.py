@@ -1,9 +1,10 @@
 """DeepSeek-V3 multi-token-prediction (MTP) draft layers on a Llama-family decoder: the jaxspec MTP head.
 
-MTP layer ``s`` mirrors the seed ``MTPDraftWorker`` / DeepSeek-V3 MTP module: it takes the pre-norm hidden
-state of the previous position (from the target for ``s == 0``, from MTP step ``s - 1`` after that) and the
-embedding of the *next* token, RMS-normalises both, projects ``[enorm(emb), hnorm(h)]`` from ``2D`` to ``D``
-(``eh_proj``), runs one decoder block, and reuses the target's embedding, final norm and LM head.
+MTP layer ``s`` mirrors DeepSeek-V3's MTP module (as SGLang's multi-layer MTP draft worker runs it): it takes
+the pre-norm hidden state of the previous position (from the target for ``s == 0``, from MTP step ``s - 1``
+after that) and the embedding of the *next* token, RMS-normalises both, projects ``[enorm(emb), hnorm(h)]``
+from ``2D`` to ``D`` (``eh_proj``), runs one decoder block, and reuses the target's embedding, final norm and
+LM head.
 ``MTPModel`` is the target with its MTP layers in one module, so the shared weights exist once; it implements
 both ``TargetModel`` and ``jaxspec.protocols.MTPHead``.
 
