@@ -63,7 +63,7 @@ def _with_zero_row(x):
     """``x [1, ...]`` -> ``[2, ...]`` (a zero row appended along axis 0): how a single row becomes a 2-row GEMM
     operand (``_dot16``). A 16-bit batch-1 decode layer appends it before its norms, so q/k/v and gate/up get
     2-row inputs without a pad of their own (measured on the H200, 8B plain step at batch 1: 638 kernels per
-    step instead of 694; its time moved within the ~5% between device calls)."""
+    step instead of 694; its time moved within the ~5% between runs)."""
     return jnp.concatenate([x, jnp.zeros_like(x)], axis=0)
 
 
