@@ -1,14 +1,15 @@
-"""Pallas GPU kernels for paged cache-location and KV-move work, each beside a pure-jnp reference.
+"""Pallas GPU kernels for paged attention, cache-location and KV-move work, each beside a pure-jnp reference.
 
-Every public op takes ``implementation="auto" | "pallas" | "reference"`` and ``interpret=`` (run the
-Pallas kernel on CPU) and follows one dispatch convention (``_dispatch.py``): validate on the host ->
-resolve ``implementation`` (``_backend.py``) -> one jitted ``KernelOp`` keyed on the static config,
-the implementation, ``interpret`` and checked mode. ``"auto"`` is Pallas on a GPU (or with
-``interpret=True``) when this jax has the kernel's Pallas backend, and the reference elsewhere (with
-one ``PallasBackendWarning`` when the backend is missing); an explicit ``"pallas"`` never falls back
-silently. Backend-specific imports live in one module per backend (``_triton.py``, ``_mosaic_gpu.py``).
-``paged_attention`` (decode / extend / tree verify over the paged pool) has two Pallas kernels, Mosaic GPU
-(Hopper) and Triton, and resolves ``implementation`` itself (``"mosaic" | "triton"`` besides the three above).
+Every public op takes ``implementation: Implementation`` (``"auto"``, ``"pallas"``, ``"reference"``, or a Pallas
+backend by name, ``"triton"`` / ``"mosaic"``) and ``interpret=`` (run the Pallas kernel on CPU), resolved by one
+function, ``_backend.resolve_implementation``, and follows one dispatch convention (``_dispatch.py``): validate on
+the host -> resolve ``implementation`` -> one jitted ``KernelOp`` keyed on the static config, the implementation,
+``interpret`` and checked mode. ``"auto"`` is the first Pallas kernel that can take the call on this device and
+jax (for paged attention: the Mosaic GPU kernel on Hopper, else the Triton one, each only where its tiles fit
+the GPU's shared memory), and the reference elsewhere (with one ``PallasBackendWarning`` when a lowering is
+missing); an explicit ``"pallas"`` or backend name never falls back silently. Backend-specific imports live in
+one module per backend (``_triton.py``, ``_mosaic_gpu.py``). The package imports nothing from the rest of
+jaxspec: input validation and checked mode live in ``_validate.py``.
 
 Out-of-range slots, pages, rows, accept indices and lengths have one defined behaviour, the same in the
 reference and the kernel (a dropped write or a slot-0 read; see each module); checked mode

@@ -1,27 +1,42 @@
-"""Which implementation a kernel call runs: ``"auto" | "pallas" | "reference"`` -> ``"pallas"`` or ``"reference"``.
+"""Which implementation a kernel call runs: the one resolver of ``implementation=`` for every kernel.
 
-Backend-specific Pallas imports live in one module per backend (``_triton.py``; a Mosaic GPU module
-registers the same way). ``BACKENDS`` maps a backend name to the module whose ``lowering()`` says whether
-the installed jax has it. A kernel names the backend(s) its Pallas path is written for
-(``backends=("triton",)``); resolution picks the first one present.
+``Implementation`` names what a caller may ask for: ``"auto"``, ``"pallas"``, ``"reference"`` (the pure-jnp
+reference), or one Pallas kernel by its backend, ``"triton"`` or ``"mosaic"``. Backend-specific Pallas imports
+live in one module per backend (``_triton.py``, ``_mosaic_gpu.py``); ``BACKENDS`` maps a backend name to the
+module whose ``lowering()`` says whether the installed jax has it. A kernel names the backends its Pallas
+code is written for, in order of preference (``backends=("triton",)``; paged attention
+``("mosaic", "triton")``), and may say why one of them cannot take a given call (``unsupported=``: dtype,
+head size, shared memory). ``resolve_implementation`` returns ``"reference"`` or the backend that runs.
 
-Rules:
-  * ``"reference"``: the pure-jnp reference, always;
-  * ``"pallas"``: a CUDA GPU (or ``interpret=True``) and one of the kernel's backends in this jax; else
-    ``ValueError`` saying which is missing (no silent fallback);
-  * ``"auto"``: Pallas on a GPU (or with ``interpret=True``) when one of the kernel's backends is
-    present; the reference elsewhere. When a GPU / interpret is there but no backend is, it falls back
-    to the reference with one ``PallasBackendWarning`` per backend set and process.
+A backend can run a call when the device has it (a CUDA GPU; for ``"mosaic"`` a Hopper one, compute
+capability >= 9.0; or ``interpret=True``), the installed jax has its lowering, and the kernel supports the
+call. Rules:
+
+  * ``"reference"``: the reference, always;
+  * ``"triton"`` / ``"mosaic"``: that kernel, or ``ValueError`` saying why it cannot run;
+  * ``"pallas"``: the first of the kernel's backends that can run; else ``ValueError`` (no silent fallback);
+  * ``"auto"``: no GPU and no ``interpret``: the reference. Otherwise the first backend that can run (when
+    interpreting, only the backends whose interpreter is quick enough: ``AUTO_WHEN_INTERPRETING``), else
+    the reference. When a backend was left out only because this jax lacks its lowering, the fallback
+    says so with one ``PallasBackendWarning`` per backend set and process.
 """
 
 import importlib
+import typing
 import warnings
+from collections.abc import Callable
+from typing import Literal
 
 import jax
 
+Implementation = Literal["auto", "pallas", "reference", "mosaic", "triton"]
+IMPLEMENTATIONS: tuple[str, ...] = typing.get_args(Implementation)
+
 # backend name -> module (under jaxspec.kernels) exposing ``lowering()`` (None when absent)
-BACKENDS = {"triton": "jaxspec.kernels._triton", "mosaic_gpu": "jaxspec.kernels._mosaic_gpu"}
-IMPLEMENTATIONS = ("auto", "pallas", "reference")
+BACKENDS = {"triton": "jaxspec.kernels._triton", "mosaic": "jaxspec.kernels._mosaic_gpu"}
+# whether ``auto`` with ``interpret=True`` may pick the backend (the Mosaic GPU interpreter is ~50x slower than
+# the Triton one: CPU tests name ``"mosaic"`` explicitly)
+AUTO_WHEN_INTERPRETING = {"triton": True, "mosaic": False}
 
 _warned: set = set()
 
@@ -35,6 +50,16 @@ def gpu_available() -> bool:
     try:
         return jax.default_backend() == "gpu"
     except RuntimeError:  # pragma: no cover
+        return False
+
+
+def hopper_available() -> bool:
+    """True when the default device is an NVIDIA GPU of compute capability >= 9.0 (wgmma + TMA)."""
+    try:
+        if not gpu_available():
+            return False
+        return float(getattr(jax.devices()[0], "compute_capability", "0")) >= 9.0
+    except (RuntimeError, ValueError):  # pragma: no cover
         return False
 
 
@@ -54,40 +79,86 @@ def pick_backend(backends=("triton",)) -> str | None:
     return next((b for b in backends if backend_available(b)), None)
 
 
-def resolve_implementation(implementation: str, interpret: bool, *, backends=("triton",)) -> str:
-    """Map ``"auto" | "pallas" | "reference"`` to ``"pallas"`` or ``"reference"`` (module docstring)."""
+def _device_has(backend: str, interpret: bool) -> bool:
+    if interpret:
+        return True
+    return hopper_available() if backend == "mosaic" else gpu_available()
+
+
+def resolve_implementation(
+    implementation: Implementation,
+    interpret: bool,
+    *,
+    backends: tuple[str, ...] = ("triton",),
+    unsupported: Callable[[str], str | None] | None = None,
+) -> str:
+    """``"reference"`` or the backend (one of ``backends``) that runs this call (module docstring).
+
+    ``unsupported(backend)``: why that backend's kernel cannot take this call (a sentence), or None."""
     if implementation not in IMPLEMENTATIONS:
-        raise ValueError(f"implementation: expected 'auto', 'pallas' or 'reference', got {implementation!r}")
+        raise ValueError(f"implementation: expected one of {IMPLEMENTATIONS}, got {implementation!r}")
     if implementation == "reference":
         return "reference"
-    device_ok = interpret or gpu_available()
+    if implementation in BACKENDS and implementation not in backends:
+        have = ", ".join(backends) or "none"
+        raise ValueError(f"implementation={implementation!r}: this kernel has no {implementation} kernel "
+                         f"(its Pallas kernels: {have}); use 'auto', 'pallas' or 'reference'")
+
+    def why_not(b: str) -> tuple[str, str | None]:
+        """(kind, reason): kind 'device' / 'lowering' / 'call'; reason None when ``b`` can run."""
+        if not _device_has(b, interpret):
+            gpu = "a Hopper GPU (compute capability >= 9.0)" if b == "mosaic" else "a CUDA GPU"
+            return "device", f"needs {gpu} or interpret=True"
+        if not backend_available(b):
+            return "lowering", f"this jax {jax.__version__} has no Pallas {b} lowering"
+        reason = unsupported(b) if unsupported is not None else None
+        return "call", reason
+
+    if implementation in BACKENDS:
+        _, reason = why_not(implementation)
+        if reason is not None:
+            raise ValueError(f"implementation={implementation!r}: {implementation} kernel {reason}")
+        return implementation
     if implementation == "pallas":
-        if not device_ok:
-            raise ValueError(
-                "implementation='pallas' needs a CUDA GPU or interpret=True (no silent fallback); "
-                "use implementation='reference' or 'auto' on CPU"
-            )
-        if pick_backend(backends) is None:
+        reasons = {}
+        for b in backends:
+            kind, reason = why_not(b)
+            if reason is None:
+                return b
+            reasons[b] = (kind, reason)
+        if not backends or all(kind == "lowering" for kind, _ in reasons.values()):
             raise ValueError(
                 f"implementation='pallas': this jax {jax.__version__} has none of the Pallas lowerings this kernel "
-                f"is written for ({', '.join(backends)}); use implementation='reference' or 'auto'"
-            )
-        return "pallas"
-    if not device_ok:
+                f"is written for ({', '.join(backends) or 'none'}); use implementation='reference' or 'auto'")
+        if all(kind == "device" for kind, _ in reasons.values()):
+            raise ValueError("implementation='pallas' needs a CUDA GPU or interpret=True (no silent fallback); "
+                             "use implementation='reference' or 'auto' on CPU")
+        detail = "; ".join(f"{b}: {r}" for b, (_, r) in reasons.items())
+        raise ValueError(f"implementation='pallas': no Pallas kernel can take this call ({detail})")
+    # auto
+    if not (interpret or gpu_available()):
         return "reference"
-    if pick_backend(backends) is None:
+    missing = []
+    for b in backends:
+        if interpret and not AUTO_WHEN_INTERPRETING[b]:
+            continue
+        kind, reason = why_not(b)
+        if reason is None:
+            return b
+        if kind == "lowering":
+            missing.append(b)
+    if missing:
         key = tuple(backends)
         if key not in _warned:
             _warned.add(key)
             warnings.warn(
-                f"jaxspec: jax {jax.__version__} has no Pallas {'/'.join(backends)} lowering; implementation='auto' "
+                f"jaxspec: jax {jax.__version__} has no Pallas {'/'.join(missing)} lowering; implementation='auto' "
                 f"runs the jnp reference kernels instead (same results, slower)",
                 PallasBackendWarning,
                 stacklevel=3,
             )
-        return "reference"
-    return "pallas"
+    return "reference"
 
 
-__all__ = ["BACKENDS", "PallasBackendWarning", "backend_available", "gpu_available", "pick_backend",
-           "resolve_implementation"]
+__all__ = ["AUTO_WHEN_INTERPRETING", "BACKENDS", "IMPLEMENTATIONS", "Implementation", "PallasBackendWarning",
+           "backend_available", "gpu_available", "hopper_available", "pick_backend", "resolve_implementation"]

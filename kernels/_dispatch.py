@@ -3,8 +3,9 @@
 A public kernel op is written as
 
 1. **validate** (eager, host side): dtypes and shapes at trace time, concrete wide-integer inputs
-   range-checked before they become int32 (``jaxspec._validate``);
-2. **resolve** ``implementation`` (``_backend.resolve_implementation``: ``"pallas"`` or ``"reference"``);
+   range-checked before they become int32 (``_validate.py``);
+2. **resolve** ``implementation`` (``_backend.resolve_implementation``: ``"reference"`` or the Pallas backend
+   that runs, e.g. ``"triton"``);
 3. **one jitted implementation**, a ``KernelOp``, keyed on the static config, the resolved
    implementation, ``interpret`` and the checked-mode switch ``checks``.
 
@@ -31,8 +32,9 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import checkify
 
-from jaxspec import _validate
+from jaxspec.kernels import _validate
 from jaxspec.kernels import _backend
+from jaxspec.kernels._backend import Implementation
 
 _FIXED_STATIC = ("implementation", "interpret", "checks")
 
@@ -60,7 +62,8 @@ def _emit(checks: Iterable[tuple]) -> jax.Array:
 
 class KernelOp:
     """One jitted kernel implementation (module docstring). Call it with the arrays, the static config as
-    keywords, ``implementation`` (already validated: ``"auto" | "pallas" | "reference"``) and ``interpret``."""
+    keywords, ``implementation`` (any ``Implementation``; resolved here) and ``interpret``. ``impl`` receives the
+    resolved one: ``"reference"`` or a backend of ``backends``."""
 
     def __init__(
         self,
@@ -98,10 +101,10 @@ class KernelOp:
         static = dict(static_items)
         return jax.jit(checkify.checkify(lambda *arrays: _emit(self.checks(*arrays, **static))))
 
-    def resolve(self, implementation: str, interpret: bool) -> str:
+    def resolve(self, implementation: Implementation, interpret: bool) -> str:
         return _backend.resolve_implementation(implementation, interpret, backends=self.backends)
 
-    def __call__(self, *arrays, implementation: str = "auto", interpret: bool = False, **static):
+    def __call__(self, *arrays, implementation: Implementation = "auto", interpret: bool = False, **static):
         impl = self.resolve(implementation, interpret)
         checks = _validate.checks_enabled() and self.checks is not None
         if checks and not _validate.has_tracer(arrays):

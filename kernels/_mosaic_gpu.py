@@ -1,7 +1,7 @@
 """The one module holding jaxspec's Mosaic GPU (``plgpu``) Pallas imports.
 
 Mosaic GPU is the supported Pallas lowering on NVIDIA GPUs (the Triton lowering, in ``kernels/_triton.py``,
-is deprecated since jax 0.11). ``kernels/_backend.py`` registers this module as backend ``"mosaic_gpu"``. Kernels written against it use:
+is deprecated since jax 0.11). ``kernels/_backend.py`` registers this module as backend ``"mosaic"``. Kernels written against it use:
 
 * ``pl`` (``jax.experimental.pallas``): ``ds``, ``when``, ``run_scoped``, ``run_state``, ``cdiv``;
 * ``plgpu`` (``jax.experimental.pallas.mosaic_gpu``): ``kernel``, ``SMEM``, ``Barrier``, ``wgmma``,
@@ -13,10 +13,8 @@ The API is the same in jax 0.10.2 (CPU) and 0.11.x (H200) for what jaxspec uses 
 with ``out_type=`` / ``scratch_types=``).
 """
 
-import jax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
-
 
 
 def lowering():
@@ -37,15 +35,4 @@ def interpret_params():
     return InterpretGPUParams()
 
 
-def hopper_available() -> bool:
-    """True when the default device is an NVIDIA GPU of compute capability >= 9.0 (wgmma + TMA)."""
-    try:
-        if jax.default_backend() != "gpu":
-            return False
-        cc = getattr(jax.devices()[0], "compute_capability", "0")
-        return float(cc) >= 9.0
-    except (RuntimeError, ValueError):  # pragma: no cover
-        return False
-
-
-__all__ = ["pl", "plgpu", "hopper_available", "interpret_params", "lowering"]
+__all__ = ["pl", "plgpu", "interpret_params", "lowering"]

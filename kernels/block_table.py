@@ -13,6 +13,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from jaxspec.kernels._backend import Implementation
 from jaxspec.kernels._dispatch import next_pow2
 from jaxspec.kernels.paged_cache_locs import update_req_to_page
 
@@ -124,7 +125,7 @@ def update_block_table(
     request_pool_indices: Sequence[int],
     request_ids: Sequence[str] | None = None,
     bucket: bool = True,
-    implementation: str = "auto",
+    implementation: Implementation = "auto",
     interpret: bool = False,
 ):
     """TokenSpeed's ``update_block_table`` (host side): returns the new ``req_to_page``.

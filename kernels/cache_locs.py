@@ -25,7 +25,8 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jaxtyping import Array, Int32
 
-from jaxspec._validate import index_array, static_int
+from jaxspec.kernels._validate import index_array, static_int
+from jaxspec.kernels._backend import Implementation
 from jaxspec.kernels._dispatch import KernelOp, next_pow2
 from jaxspec.kernels._triton import compiler_params, load, store
 
@@ -107,14 +108,6 @@ def fill_accept_out_cache_loc_reference(accept_index, out_cache_loc):
     num_locs = out_cache_loc.shape[0]
     vals = jnp.where(flat < num_locs, out_cache_loc[jnp.clip(flat, 0, max(num_locs - 1, 0))], 0) if num_locs else flat * 0
     return jnp.zeros((size,), jnp.int32).at[jnp.where(valid, dst, size)].set(vals.astype(jnp.int32), mode="drop")
-
-
-def assign_draft_cache_locs_reference(req_pool_indices, req_to_token, seq_lens, *, topk, num_steps, num_cols=None):
-    """§14 contiguous variant: ``out[b*K*C + c] = req_to_token[req[b], seq_lens[b] + c]``, ``c < K*C``
-    (``C = num_cols or num_steps``); ``positions[b*K + k] = seq_lens[b]``."""
-    c = num_steps if num_cols is None else num_cols
-    out = assign_extend_cache_locs_uniform_reference(req_pool_indices, req_to_token, seq_lens, width=topk * c).out_cache_loc
-    return DraftCacheLocs(out, jnp.repeat(seq_lens, topk, total_repeat_length=seq_lens.shape[0] * topk))
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -281,7 +274,7 @@ def assign_extend_cache_locs(
     end_offset: Int32[Array, " B"],
     *,
     out_size: int,
-    implementation: str = "auto",
+    implementation: Implementation = "auto",
     interpret: bool = False,
 ) -> Int32[Array, " out_size"]:
     """Packed ragged copy of ``req_to_token[req_pool_indices[b], start[b]:end[b]]`` into a static
@@ -326,7 +319,7 @@ def assign_extend_cache_locs_uniform(
     *,
     width: int,
     with_positions: bool = False,
-    implementation: str = "auto",
+    implementation: Implementation = "auto",
     interpret: bool = False,
 ) -> UniformCacheLocs:
     """Verify-window slots: ``out[b*width + k] = req_to_token[req_pool_indices[b], seq_lens[b] + k]``,
@@ -371,7 +364,7 @@ def fill_front_out_cache_loc(
     out_cache_loc: Int32[Array, " BN"],
     *,
     width: int,
-    implementation: str = "auto",
+    implementation: Implementation = "auto",
     interpret: bool = False,
 ) -> Int32[Array, " BW"]:
     """Pack the first ``num_front[b]`` slots of each request's verify window
@@ -409,7 +402,7 @@ def fill_accept_out_cache_loc(
     accept_index: Int32[Array, "B A"],
     out_cache_loc: Int32[Array, " T"],
     *,
-    implementation: str = "auto",
+    implementation: Implementation = "auto",
     interpret: bool = False,
 ) -> Int32[Array, " BA"]:
     """Stream compaction ``out[dst] = out_cache_loc[accept_index.flat[p]]`` over valid entries, ``dst`` the
@@ -423,7 +416,7 @@ def fill_accept_out_cache_loc(
     ocl = index_array("out_cache_loc", out_cache_loc, (None,))
     size = ai.shape[0] * ai.shape[1]
     impl = _ACCEPT.resolve(implementation, interpret)
-    if impl == "pallas" and size > MAX_ACCEPT_SIZE:
+    if impl != "reference" and size > MAX_ACCEPT_SIZE:
         raise ValueError(f"accept_index: the Pallas kernel handles B*A <= {MAX_ACCEPT_SIZE}, got {ai.shape=}")
     return _ACCEPT(ai, ocl, implementation=impl, interpret=interpret)
 
@@ -449,7 +442,7 @@ def assign_draft_cache_locs(
     topk: int,
     num_steps: int,
     num_cols: int | None = None,
-    implementation: str = "auto",
+    implementation: Implementation = "auto",
     interpret: bool = False,
 ) -> DraftCacheLocs:
     """Draft-decode KV slots, contiguous variant (§14): ``out[b*K*C + c] = req_to_token[req[b], seq_lens[b] + c]``
@@ -474,7 +467,6 @@ __all__ = [
     "DraftCacheLocs",
     "UniformCacheLocs",
     "assign_draft_cache_locs",
-    "assign_draft_cache_locs_reference",
     "assign_extend_cache_locs",
     "assign_extend_cache_locs_reference",
     "assign_extend_cache_locs_uniform",

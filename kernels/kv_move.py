@@ -44,7 +44,8 @@ from jaxtyping import Array, Int32
 
 from jax.experimental import pallas as pl
 
-from jaxspec._validate import has_tracer, index_array, static_int
+from jaxspec.kernels._validate import has_tracer, index_array, static_int
+from jaxspec.kernels._backend import Implementation
 from jaxspec.kernels._dispatch import KernelOp, next_pow2
 from jaxspec.kernels._triton import compiler_params, load, store
 from jaxspec.kernels.cache_locs import fill_accept_out_cache_loc_reference, fill_front_out_cache_loc_reference
@@ -346,7 +347,7 @@ _MOVE = KernelOp("move_kv_cache", _move_impl, static=("span", "paged", "config")
 
 
 def _check_equal_rows(k_buffer, v_buffer, paged, impl):
-    if impl != "pallas":
+    if impl == "reference":
         return
     k3, v3 = _as_rows(k_buffer, paged), _as_rows(v_buffer, paged)
     if k3.shape[2] != v3.shape[2] or k3.dtype != v3.dtype:
@@ -366,7 +367,7 @@ def move_kv_cache(
     span: int | None = None,
     paged: bool = False,
     config: MoveConfig = DEFAULT_CONFIG,
-    implementation: str = "auto",
+    implementation: Implementation = "auto",
     interpret: bool = False,
 ) -> KVBuffers:
     """Move KV rows of every layer: ``buf[:, tgt] = buf[:, src]`` for K and V, in place (buffers donated).
@@ -444,7 +445,7 @@ def move_accept_tokens_to_target_kvcache(
     *,
     paged: bool = False,
     config: MoveConfig = DEFAULT_CONFIG,
-    implementation: str = "auto",
+    implementation: Implementation = "auto",
     interpret: bool = False,
 ) -> KVBuffers:
     """0.5.23 spec-accept KV move (K > 1 only upstream): the accepted path's KV rows go to the front of

@@ -16,8 +16,9 @@ from jaxtyping import Array, Int32, Shaped
 
 from jax.experimental import pallas as pl
 
-from jaxspec import _validate
+from jaxspec.kernels import _validate
 from jaxspec.kernels import _triton
+from jaxspec.kernels._backend import Implementation
 from jaxspec.kernels._dispatch import KernelOp, cdiv, next_pow2
 from jaxspec.kernels._triton import compiler_params, load, store
 
@@ -30,12 +31,6 @@ ROTATE_BLOCK = 128
 HIDDEN_BLOCK = 1024
 NUM_WARPS = 4
 HIDDEN_DTYPES = (jnp.bfloat16, jnp.float16, jnp.float32)
-
-
-_index = _validate.index_array  # tracer-safe, no host read for int32 arrays
-
-
-_float = _validate.float_array
 
 
 def _barrier(interpret: bool):
@@ -218,7 +213,7 @@ def rotate_input_ids(
     topk_index,
     select_index=None,
     *,
-    implementation: str = "auto",
+    implementation: Implementation = "auto",
     interpret: bool = False,
 ) -> Int32[Array, "T"]:
     """MTP input rotation (jitted; ``input_ids`` donated): returns the new ``i32[T]`` ids.
@@ -234,15 +229,15 @@ def rotate_input_ids(
     distinct and outside other requests' segments. Out-of-range positions are never touched (checked mode
     reports them).
     """
-    ids = _index("input_ids", input_ids, (None,))
-    starts = _index("extend_start_loc", extend_start_loc, (None,))
+    ids = _validate.index_array("input_ids", input_ids, (None,))
+    starts = _validate.index_array("extend_start_loc", extend_start_loc, (None,))
     batch = starts.shape[0]
-    lens = _index("extend_seq_lens", extend_seq_lens, (batch,))
-    topk = _index("topk_index", topk_index)
+    lens = _validate.index_array("extend_seq_lens", extend_seq_lens, (batch,))
+    topk = _validate.index_array("topk_index", topk_index)
     if topk.ndim not in (1, 2) or topk.size < batch:
         raise ValueError(f"topk_index: expected shape (B,) or (B, K) with at least B={batch} elements "
                          f"(read as topk_index.flat[b]), got topk_index.shape={tuple(topk.shape)}")
-    select = _index("select_index", select_index, (batch,), allow_none=True)
+    select = _validate.index_array("select_index", select_index, (batch,), allow_none=True)
     return _ROTATE(ids, starts, lens, topk, select, implementation=implementation, interpret=interpret)
 
 
@@ -288,7 +283,7 @@ def assign_hidden_states_pool(
     extend_seq_lens,
     extend_start_loc,
     *,
-    implementation: str = "auto",
+    implementation: Implementation = "auto",
     interpret: bool = False,
 ) -> Shaped[Array, "R S1 H"]:
     """Seed MTP hidden-state pool update (jitted; the pool is donated): returns the new pool.
@@ -302,15 +297,15 @@ def assign_hidden_states_pool(
     out-of-range pool rows are not written. ``hidden_states`` ``[T, H]`` and the pool ``[R, S1, H]`` share a
     float dtype (bf16/f16/f32).
     """
-    hidden = _float("hidden_states", hidden_states, (None, None), HIDDEN_DTYPES)
-    pool = _float("req_to_hidden_states_pool", req_to_hidden_states_pool,
+    hidden = _validate.float_array("hidden_states", hidden_states, (None, None), HIDDEN_DTYPES)
+    pool = _validate.float_array("req_to_hidden_states_pool", req_to_hidden_states_pool,
                                  (None, None, hidden.shape[1]), (hidden.dtype,))
     if pool.shape[0] < 1:
         raise ValueError(f"req_to_hidden_states_pool: expected at least one pool row, got shape {pool.shape}")
-    rpi = _index("req_pool_indices", req_pool_indices, (None,))
+    rpi = _validate.index_array("req_pool_indices", req_pool_indices, (None,))
     batch = rpi.shape[0]
-    lens = _index("extend_seq_lens", extend_seq_lens, (batch,))
-    starts = _index("extend_start_loc", extend_start_loc, (batch,))
+    lens = _validate.index_array("extend_seq_lens", extend_seq_lens, (batch,))
+    starts = _validate.index_array("extend_start_loc", extend_start_loc, (batch,))
     return _HIDDEN(hidden, rpi, pool, lens, starts, implementation=implementation, interpret=interpret)
 
 

@@ -27,26 +27,34 @@ Implementations (``implementation=``):
   bf16 / fp16, head_dim a multiple of 64, page size a multiple of 8 (at most 128);
 * ``"triton"``: Pallas Triton lowering (deprecated upstream; ``paged_attention_triton``), any page size and head_dim;
 * ``"pallas"``: the Mosaic kernel where it applies, else the Triton one;
-* ``"auto"``: ``"pallas"`` on a GPU (Mosaic on Hopper when the shape fits, else Triton while jax still
-  has that lowering), the reference elsewhere; with ``interpret=True`` the Triton kernel in interpret mode.
-  So ``auto`` keeps running after the Triton lowering is removed (Mosaic, or the reference).
+* ``"auto"``: on a GPU the first kernel that takes the call (Mosaic on Hopper for bf16 / fp16 when its tiles
+  fit shared memory, else Triton while jax still has that lowering, with row tiles sized to shared memory),
+  else the reference (no GPU, or no kernel fits: every dtype and head size runs); with ``interpret=True`` the
+  Triton kernel in interpret mode. Resolved by ``kernels._backend.resolve_implementation`` (the resolver of
+  every kernel) with what each kernel supports (``_unsupported``).
 
 Both kernels compute only the prefix part, split into ``num_splits`` slices per (request, KV head)
-(flash-decoding); one program handles all ``Q * Hq/Hkv`` query rows of its KV head, so each KV byte is
-read once. The fresh part and the merge of the partial softmaxes are small jnp ops.
+(flash-decoding); a program handles a tile of the ``Q * Hq/Hkv`` query rows of its KV head (all of them
+where they fit in shared memory, so each KV byte is read once). The fresh part and the merge of the
+partial softmaxes are small jnp ops (``_attention_parts``).
 """
-
-import functools
-import math
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxspec.kernels import paged_attention_triton as _triton_kernel
+from jaxspec.kernels._attention_parts import fresh_partial, merge_partials, mosaic_plan, triton_plan
+from jaxspec.kernels._backend import Implementation, resolve_implementation
+
+try:
+    from jaxspec.kernels import paged_attention_mosaic as _mosaic_kernel
+except ImportError:  # pragma: no cover - a jax without the Mosaic GPU lowering: the resolver never picks it
+    _mosaic_kernel = None
+
 __all__ = ["paged_attention", "paged_attention_reference", "qmask_from_bits", "resolve_attention_implementation"]
 
-LOG2E = math.log2(math.e)
-_IMPLS = ("auto", "pallas", "mosaic", "triton", "reference")
+BACKENDS = ("mosaic", "triton")  # the Pallas kernels, in the order "pallas" and "auto" prefer them
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -181,125 +189,53 @@ def _one_layer(k_pool, v_pool, layer):
 
 
 # ----------------------------------------------------------------------------------------------------
-# shared by the kernels: query rows, the fresh part, the merge
-
-
-def query_rows(q, hkv: int, rows: int):
-    """``[B, Q, Hq, E] -> [B, Hkv, rows, E]``: row ``i * group + g`` is query token ``i``, head ``h*group+g``
-    (zero rows pad ``Q * group`` up to ``rows``)."""
-    b, nq, hq, e = q.shape
-    grp = hq // hkv
-    r = q.reshape(b, nq, hkv, grp, e).transpose(0, 2, 1, 3, 4).reshape(b, hkv, nq * grp, e)
-    return jnp.pad(r, ((0, 0), (0, 0), (0, rows - nq * grp), (0, 0)))
-
-
-def fresh_partial(q, k_new, v_new, qmask, sm_scale):
-    """Fresh-token part as a partial softmax in base 2: ``(acc f32[B,Hkv,R,E], m f32[B,Hkv,R], l f32[B,Hkv,R])``
-    with ``R = Q * group`` rows ordered as :func:`query_rows`."""
-    b, nq, hq, e = q.shape
-    hkv = k_new.shape[2]
-    grp = hq // hkv
-    f32 = jnp.float32
-    qg = q.reshape(b, nq, hkv, grp, e)
-    if nq == 1:  # decode: the token sees only itself, so p = 1, l = 1, acc = v (no dots: fuses into the merge)
-        s = jnp.sum(qg[:, 0].astype(f32) * k_new[:, 0, :, None, :].astype(f32), axis=-1) * f32(sm_scale * LOG2E)
-        acc = jnp.broadcast_to(v_new[:, 0, :, None, :].astype(f32), (b, hkv, grp, e))
-        return acc, s, jnp.ones((b, hkv, grp), f32)
-    s = jnp.einsum("bqhge,bkhe->bhqgk", qg, k_new, precision=jax.lax.Precision.HIGHEST, preferred_element_type=f32)
-    s = jnp.where(qmask[:, None, :, None, :], s * f32(sm_scale * LOG2E), -jnp.inf)
-    m = jnp.max(s, axis=-1)  # finite: every row sees itself
-    p = jnp.exp2(s - m[..., None])
-    acc = jnp.einsum("bhqgk,bkhe->bhqge", p, v_new.astype(f32), precision=jax.lax.Precision.HIGHEST)
-    return acc.reshape(b, hkv, nq * grp, e), m.reshape(b, hkv, nq * grp), jnp.sum(p, -1).reshape(b, hkv, nq * grp)
-
-
-def merge_partials(q, fresh, acc, m, l):
-    """Merge the fresh partial with the prefix partials ``acc [B,Hkv,S,>=R,E]``, ``m, l [B,Hkv,S,>=R]``
-    (base-2 logits; ``m = -inf, l = 0`` for an empty slice) into ``[B, Q, Hq, E]`` of ``q``'s dtype."""
-    b, nq, hq, e = q.shape
-    f_acc, f_m, f_l = fresh
-    hkv, r = f_acc.shape[1], f_acc.shape[2]
-    acc, m, l = acc[:, :, :, :r], m[:, :, :, :r], l[:, :, :, :r]
-    m_all = jnp.maximum(f_m, jnp.max(m, axis=2))  # finite (the fresh part always has a visible key)
-    w = jnp.exp2(m - m_all[:, :, None])  # 0 for empty slices
-    wf = jnp.exp2(f_m - m_all)
-    num = f_acc * wf[..., None] + jnp.sum(acc * w[..., None], axis=2)
-    den = f_l * wf + jnp.sum(l * w, axis=2)
-    out = num / den[..., None]  # [B, Hkv, Q*grp, E]
-    return out.reshape(b, hkv, nq, hq // hkv, e).transpose(0, 2, 1, 3, 4).reshape(b, nq, hq, e).astype(q.dtype)
-
-
-def default_num_splits(batch: int, hkv: int, max_tokens: int, block: int, *, programs: int = 264) -> int:
-    """Prefix slices per (request, KV head): as many as fit in ONE wave of ``programs`` (2 resident
-    programs per SM on the H200's 132 SMs; a second, partial wave would idle most SMs), at least 4
-    blocks of ``block`` tokens per slice."""
-    fit = max(1, programs // (batch * hkv))
-    return int(max(1, min(fit, max_tokens // (4 * block))))
-
-
-# ----------------------------------------------------------------------------------------------------
 # dispatch
 
 
-def _mosaic_supported(q, page_size) -> str | None:
-    """Why the Mosaic kernel cannot take this call, or None."""
-    e = q.shape[-1]
-    if q.dtype not in (jnp.bfloat16, jnp.float16):
-        return f"dtype {q.dtype} (Mosaic kernel: bfloat16 / float16)"
-    if e % 64:
-        return f"head_dim {e} (Mosaic kernel: a multiple of 64)"
-    if page_size % 8 or page_size > 128:
-        return f"page_size {page_size} (Mosaic kernel: a multiple of 8, at most 128)"
-    return None
+def _unsupported(q, page_size, hkv):
+    """``backend -> why its kernel cannot take this call`` (None: it can), for the resolver."""
+    e, itemsize = q.shape[-1], q.dtype.itemsize
+    rows = q.shape[1] * (q.shape[2] // hkv)
+
+    def why(backend):
+        if backend == "mosaic":
+            if q.dtype not in (jnp.bfloat16, jnp.float16):
+                return f"does not support dtype {q.dtype} (bfloat16 / float16)"
+            if e % 64:
+                return f"does not support head_dim {e} (a multiple of 64)"
+            if page_size % 8 or page_size > 128:
+                return f"does not support page_size {page_size} (a multiple of 8, at most 128)"
+            if mosaic_plan(e, itemsize, page_size) is None:
+                return f"does not fit shared memory at head_dim {e}, {q.dtype} (not even one stage)"
+            return None
+        if triton_plan(rows, e, itemsize) is None:
+            return f"does not fit shared memory at head_dim {e}, {q.dtype} (not even 16 rows, one stage)"
+        return None
+
+    return why
 
 
-def _triton_lowering_available() -> bool:
-    from jaxspec.kernels._backend import backend_available
-
-    return backend_available("triton")
-
-
-def resolve_attention_implementation(implementation, q, page_size, interpret) -> str:
-    """``"mosaic" | "triton" | "reference"`` for this call (``ValueError`` for an explicit impossible choice).
+def resolve_attention_implementation(implementation: Implementation, q, page_size, interpret, *,
+                                     hkv: int | None = None) -> str:
+    """``"mosaic" | "triton" | "reference"`` for this call (``ValueError`` for an explicit impossible choice):
+    ``kernels._backend.resolve_implementation`` over the backends ``("mosaic", "triton")`` with what each
+    kernel supports (dtype, head size, page size, shared memory; ``hkv``: the KV heads, None: one, the most
+    query rows per program).
 
     ``auto``: on a GPU (not interpreting) the Mosaic kernel where it applies on Hopper, else the Triton
     kernel while jax has that lowering, else the reference; interpreting (CPU tests): the Triton kernel
     (the Mosaic GPU interpreter is ~50x slower), else the reference; no GPU: the reference.
     ``pallas``: the Mosaic kernel where it applies, else the Triton kernel, else ``ValueError``.
     """
-    from jaxspec.kernels._mosaic_gpu import hopper_available
-
-    if implementation not in _IMPLS:
-        raise ValueError(f"implementation: expected one of {_IMPLS}, got {implementation!r}")
-    if implementation == "reference":
-        return "reference"
-    why = _mosaic_supported(q, page_size)
-    mosaic_ok = why is None and (interpret or hopper_available())
-    triton_ok = _triton_lowering_available() and (interpret or jax.default_backend() == "gpu")
-    if implementation == "mosaic":
-        if not mosaic_ok:
-            raise ValueError(f"implementation='mosaic' does not support {why or 'this device (needs a Hopper GPU or interpret=True)'}")
-        return "mosaic"
-    if implementation == "triton":
-        if not triton_ok:
-            raise ValueError("implementation='triton' needs jax's Pallas Triton lowering and a CUDA GPU or interpret=True")
-        return "triton"
-    if implementation == "pallas":
-        if mosaic_ok:
-            return "mosaic"
-        if triton_ok:
-            return "triton"
-        raise ValueError(f"implementation='pallas': no Pallas kernel for this call ({why or 'no GPU'})")
-    if interpret:  # auto
-        return "triton" if triton_ok else "reference"
-    if mosaic_ok:
-        return "mosaic"
-    return "triton" if triton_ok else "reference"
+    backends = BACKENDS if _mosaic_kernel is not None else ("triton",)
+    return resolve_implementation(implementation, interpret, backends=backends,
+                                  unsupported=_unsupported(q, page_size, hkv or 1))
 
 
 def paged_attention(
     q, k_new, v_new, k_pool, v_pool, page_table, prefix_lens, qmask=None, *, page_size, sm_scale,
-    qmask_bits=None, implementation="auto", interpret=False, num_splits=None, layer=None, write_locs=None,
+    qmask_bits=None, implementation: Implementation = "auto", interpret=False, num_splits=None, layer=None,
+    write_locs=None,
 ):
     """Paged attention (module docstring). ``q [B,Q,Hq,E]``, ``k_new, v_new [B,Q,Hkv,E]``, ``k_pool, v_pool
     [X,Hkv,E]`` (or a model's whole ``[L,X,Hkv,E]`` pool with ``layer``, an int or ``i32[]``: the Mosaic
@@ -322,7 +258,7 @@ def paged_attention(
             raise ValueError(f"write_locs: expected i32[{b}, {nq}] or i32[{b * nq}], got "
                              f"{write_locs.dtype}{list(write_locs.shape)}")
         write_locs = write_locs.reshape(b * nq)
-    impl = resolve_attention_implementation(implementation, q, page_size, interpret)
+    impl = resolve_attention_implementation(implementation, q, page_size, interpret, hkv=k_new.shape[2])
     if num_splits is not None and (not isinstance(num_splits, int) or num_splits < 1):
         raise ValueError(f"num_splits: expected a positive int, got {num_splits!r}")
     args = (q, k_new, v_new, k_pool, v_pool, page_table, prefix_lens, qmask, layer, write_locs)
@@ -381,8 +317,6 @@ def _kernel(q, k_new, v_new, k_pool, v_pool, page_table, prefix_lens, qmask, lay
             sm_scale, interpret, num_splits):
     kw = dict(page_size=page_size, sm_scale=sm_scale, num_splits=num_splits, interpret=interpret)
     if impl == "mosaic":  # a whole [L, X, Hkv, E] pool goes in unsliced; the kernel reads its layer
-        from jaxspec.kernels.paged_attention_mosaic import prefix_partials
-
         # The kernel writes the fresh K/V itself, except a single token (batch-1 decode): there XLA writes
         # it in place with the fusion that computes it (RoPE), which measured faster than handing the kernel
         # the token (H200, 8B plain step at batch 1, interleaved processes: 4.38-4.40 ms against 4.48 ms);
@@ -391,17 +325,15 @@ def _kernel(q, k_new, v_new, k_pool, v_pool, page_table, prefix_lens, qmask, lay
         if write_locs is not None and not fused:
             k_pool, v_pool = _with_write(k_pool, v_pool, layer, write_locs, k_new, v_new)
         fresh = (k_new, v_new, write_locs) if fused else None
-        parts = prefix_partials(q, k_new.shape[2], k_pool, v_pool, page_table, prefix_lens, layer=layer, fresh=fresh,
-                                **kw)
+        parts = _mosaic_kernel.prefix_partials(q, k_new.shape[2], k_pool, v_pool, page_table, prefix_lens,
+                                               layer=layer, fresh=fresh, **kw)
         acc, m, l = parts[:3]
         if fused:
             k_pool, v_pool = parts[3:]
     else:
-        from jaxspec.kernels.paged_attention_triton import prefix_partials
-
         k_pool, v_pool = _with_write(k_pool, v_pool, layer, write_locs, k_new, v_new)
         k_one, v_one = _one_layer(k_pool, v_pool, layer)
-        acc, m, l = prefix_partials(q, k_new.shape[2], k_one, v_one, page_table, prefix_lens, **kw)
+        acc, m, l = _triton_kernel.prefix_partials(q, k_new.shape[2], k_one, v_one, page_table, prefix_lens, **kw)
     out = merge_partials(q, fresh_partial(q, k_new, v_new, qmask, sm_scale), acc, m, l)
     return out if write_locs is None else (out, k_pool, v_pool)
 

@@ -22,7 +22,7 @@ the fresh slots, so writing while other programs read the prefix changes nothing
 ``[0, X)`` is not written.
 
 Outputs the unnormalised partials ``acc f32[B,Hkv,S,R,E]``, ``m, l f32[B,Hkv,S,R]`` (``-inf`` / 0
-for an empty slice; ``R`` = ``Q * group`` rounded up to 8 for one row tile, ``T * 64`` for more), merged with the fresh tokens by ``paged_attention.merge_partials``.
+for an empty slice; ``R`` = ``Q * group`` rounded up to 8 for one row tile, ``T * 64`` for more), merged with the fresh tokens by ``_attention_parts.merge_partials``.
 Requirements (checked by the caller): bf16 / fp16, head_dim % 64 == 0, page size % 8 == 0 and <= 128.
 """
 
@@ -34,23 +34,11 @@ import jax.numpy as jnp
 from jax import lax
 
 from jaxspec.kernels._mosaic_gpu import interpret_params, pl, plgpu
-from jaxspec.kernels.paged_attention import LOG2E, default_num_splits, query_rows
+from jaxspec.kernels._attention_parts import FRESH_CHUNK, LOG2E, MOSAIC_BLOCK as BLOCK, MOSAIC_ROWS as ROWS
+from jaxspec.kernels._attention_parts import default_num_splits, mosaic_plan, query_rows
 
-ROWS = 64  # one wgmma M tile
-BLOCK = 64  # default prefix tokens per step
 _NT = (((1,), (1,)), ((), ()))  # a @ b.T
 _NN = (((1,), (0,)), ((), ()))  # a @ b
-
-
-def _stages(e: int, block: int, itemsize: int) -> int:
-    """Blocks in flight: 2 (measured on the H200, Llama-3.1-8B layer, 4 shapes: 2 stages beat 3 and 4 by
-    2-10% -- two CTAs fit per SM and the page-id reads are issued a step ahead), 1 only where two stages
-    of the largest head_dim would not fit beside the query tile."""
-    per_stage = 2 * block * e * itemsize
-    return 2 if ROWS * e * itemsize + 2 * per_stage <= 200 * 1024 else 1
-
-
-FRESH_CHUNK = 16  # fresh tokens per shared-memory chunk of the K/V write (decode and verify: one chunk)
 
 
 def _body(*refs, page_size, num_pages, width, block, stages, tiles, out_rows, num_splits, scale, dtype, interpret,
@@ -235,7 +223,8 @@ def prefix_partials(q, hkv, k_pool, v_pool, page_table, prefix_lens, *, page_siz
     v_pool [X,Hkv,E]``, or ``[L,X,Hkv,E]`` with ``layer`` (an int or ``i32[]``) choosing the layer inside the
     kernel (so no slice of the pool becomes an XLA op of its own: the call stays capturable in a CUDA graph).
     ``block`` (prefix tokens per step, a multiple of 64 and of the page size) and ``stages`` (blocks in
-    flight) default to ``BLOCK`` / what fits in shared memory.
+    flight) default to ``_attention_parts.mosaic_plan``: ``BLOCK`` (or the page size) and the stages that fit in
+    shared memory.
 
     ``fresh = (k_new, v_new [B,Q,Hkv,E], write_locs i32[B*Q])``: the kernel also writes the fresh K/V at those
     slots of the layer (module docstring) and returns ``(acc, m, l, k_pool, v_pool)``, the pools updated in
@@ -249,11 +238,16 @@ def prefix_partials(q, hkv, k_pool, v_pool, page_table, prefix_lens, *, page_siz
     out_rows = ROWS if tiles > 1 else -(-nq * (hq // hkv) // 8) * 8  # rows written per tile
     rows = tiles * out_rows
     block = block or max(BLOCK, page_size)
+    if not stages:
+        plan = mosaic_plan(e, q.dtype.itemsize, page_size, fresh=fresh is not None, block=block)
+        if plan is None:
+            raise ValueError(f"q: head_dim {e} in {q.dtype} does not fit the Mosaic kernel's shared memory "
+                             f"(block {block}); use the Triton kernel or the reference")
+        stages = plan[1]
     if block % 64 or block % page_size:
         raise ValueError(f"block: expected a multiple of 64 and of page_size={page_size}, got {block}")
     width = page_table.shape[1]
     s = num_splits or default_num_splits(b, hkv * tiles, width * page_size, block)
-    stages = stages or _stages(e, block, q.dtype.itemsize)
     body = functools.partial(
         _body, page_size=page_size, num_pages=k_pool.shape[1] // page_size, width=width, block=block,
         stages=stages, tiles=tiles, out_rows=out_rows, num_splits=s, scale=float(sm_scale * LOG2E), dtype=q.dtype,

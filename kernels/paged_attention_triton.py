@@ -1,10 +1,14 @@
 """Prefix part of ``paged_attention`` as a Pallas **Triton** kernel (deprecated lowering; see
 ``paged_attention_mosaic`` for the Mosaic GPU kernel that ``auto`` prefers).
 
-Grid ``(B, Hkv, S)``: one program per (request, KV head, prefix slice) takes all ``rows`` query rows of
-that KV head and walks its slice of the prefix ``block`` tokens at a time, gathering K/V rows through the
-page table (any page size; any head_dim: columns padded to a power of two and masked; vector gathers), with an online base-2 softmax. Outputs the unnormalised
-partials ``acc f32[B,Hkv,S,rows,E]``, ``m, l f32[B,Hkv,S,rows]`` (``-inf`` / 0 for an empty slice).
+Grid ``(B, Hkv * T, S)``: one program per (request, KV head x row tile, prefix slice) takes ``tile`` of the
+``rows`` query rows of that KV head and walks its slice of the prefix ``BLOCK`` tokens at a time, gathering
+K/V rows through the page table (any page size; any head_dim: columns padded to a power of two and masked;
+vector gathers), with an online base-2 softmax. ``rows`` is ``Q * group`` rounded up to a power of two (at
+least 16); the tile and the pipeline stages come from ``_attention_parts.triton_plan``, the largest that
+fit in shared memory (one tile, ``T = 1``, unless the rows would not fit: long f32 prefills). Outputs the
+unnormalised partials ``acc f32[B,Hkv,S,rows,E]``, ``m, l f32[B,Hkv,S,rows]`` (``-inf`` / 0 for an empty
+slice).
 """
 
 import functools
@@ -14,23 +18,23 @@ import jax.numpy as jnp
 
 from jax.experimental import pallas as pl
 
+from jaxspec.kernels._attention_parts import LOG2E, TRITON_BLOCK as BLOCK
+from jaxspec.kernels._attention_parts import default_num_splits, query_rows, triton_plan
 from jaxspec.kernels._dispatch import next_pow2
 from jaxspec.kernels._triton import compiler_params, load, store
-from jaxspec.kernels.paged_attention import LOG2E, default_num_splits, query_rows
-
-BLOCK = 32  # prefix tokens per loop step
 
 
 def _kernel(len_ref, pt_ref, q_ref, k_ref, v_ref, acc_ref, m_ref, l_ref, *, page_size, num_pages, width, rows,
-            head_dim, num_splits, scale):
-    b, h, s = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+            tiles, head_dim, num_splits, scale):
+    b, ht, s = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+    h = ht // tiles
     g = page_size
     n = len_ref[b]
     nblk = (n + BLOCK - 1) // BLOCK
     per = (nblk + num_splits - 1) // num_splits
     lo = jnp.minimum(s * per, nblk)
     hi = jnp.minimum(lo + per, nblk)
-    r = jnp.arange(rows, dtype=jnp.int32)
+    r = (ht % tiles) * rows + jnp.arange(rows, dtype=jnp.int32)  # this program's rows (``rows`` = the tile)
     e_pad = next_pow2(head_dim)  # Triton blocks are powers of two: mask the columns past head_dim
     c = jnp.arange(e_pad, dtype=jnp.int32)
     col = c < head_dim
@@ -65,25 +69,31 @@ def _kernel(len_ref, pt_ref, q_ref, k_ref, v_ref, acc_ref, m_ref, l_ref, *, page
     store(l_ref.at[b, h, s, r], l)
 
 
-@functools.partial(jax.jit, static_argnames=("hkv", "page_size", "sm_scale", "num_splits", "interpret"))
+@functools.partial(jax.jit, static_argnames=("hkv", "page_size", "sm_scale", "num_splits", "interpret", "max_tile"))
 def prefix_partials(q, hkv, k_pool, v_pool, page_table, prefix_lens, *, page_size, sm_scale, num_splits=None,
-                    interpret=False):
-    """``(acc, m, l)`` prefix partials (module docstring) for ``q [B,Q,Hq,E]`` over the paged pool."""
+                    interpret=False, max_tile=None):
+    """``(acc, m, l)`` prefix partials (module docstring) for ``q [B,Q,Hq,E]`` over the paged pool; ``max_tile``
+    caps the query rows per program (a power of two >= 16; default: the largest tile that fits)."""
     b, nq, hq, e = q.shape
-    rows = max(16, next_pow2(nq * (hq // hkv)))
+    plan = triton_plan(nq * (hq // hkv), e, q.dtype.itemsize, max_tile=max_tile)
+    if plan is None:
+        raise ValueError(f"q: head_dim {e} in {q.dtype} does not fit the Triton kernel's shared memory; "
+                         f"use the reference")
+    rows, tile, stages = plan
+    tiles = rows // tile
     width = page_table.shape[1]
-    s = num_splits or default_num_splits(b, hkv, width * page_size, BLOCK)
+    s = num_splits or default_num_splits(b, hkv * tiles, width * page_size, BLOCK)
     qr = query_rows(q, hkv, rows)
     kernel = functools.partial(
-        _kernel, page_size=page_size, num_pages=k_pool.shape[0] // page_size, width=width, rows=rows, head_dim=e,
-        num_splits=s, scale=float(sm_scale * LOG2E))
+        _kernel, page_size=page_size, num_pages=k_pool.shape[0] // page_size, width=width, rows=tile, tiles=tiles,
+        head_dim=e, num_splits=s, scale=float(sm_scale * LOG2E))
     f32 = jnp.float32
     return pl.pallas_call(
         kernel,
         out_shape=(jax.ShapeDtypeStruct((b, hkv, s, rows, e), f32), jax.ShapeDtypeStruct((b, hkv, s, rows), f32),
                    jax.ShapeDtypeStruct((b, hkv, s, rows), f32)),
-        grid=(b, hkv, s),
+        grid=(b, hkv * tiles, s),
         interpret=interpret,
-        compiler_params=compiler_params(num_warps=4, num_stages=2),
-        name=f"paged_attention_prefix_rows{rows}_g{page_size}",
+        compiler_params=compiler_params(num_warps=4, num_stages=stages),
+        name=f"paged_attention_prefix_rows{tile}_g{page_size}",
     )(prefix_lens, page_table, qr, k_pool, v_pool)

@@ -3,7 +3,7 @@
 Paged cache-location kernels (ops-spec §16): ``update_req_to_page`` (+ the host wrapper
 ``update_block_table``), ``compute_out_cache_loc`` (ragged), ``compute_out_cache_loc_uniform`` and
 ``fused_decode_input_prep``, each as a pure-jnp ``<op>_reference`` and a Pallas (Triton-lowering) kernel
-behind one public function with ``implementation="auto" | "pallas" | "reference"``.
+behind one public function with ``implementation=`` (``_backend.Implementation``).
 
 Conventions (same as TokenSpeed): page tables (``req_to_page``, pool-indexed, ``[R, M]``) and every
 location/position output are int32; ``loc = page_id * page_size + offset_in_page`` in int32 arithmetic;
@@ -38,7 +38,8 @@ from jaxtyping import Array, Int32
 
 from jax.experimental import pallas as pl
 
-from jaxspec import _validate
+from jaxspec.kernels import _validate
+from jaxspec.kernels._backend import Implementation
 from jaxspec.kernels._dispatch import KernelOp, cdiv, next_pow2
 from jaxspec.kernels._triton import compiler_params, load, store
 
@@ -74,9 +75,6 @@ def _page_locs(gather, pool, pos, *, num_rows: int, max_pages: int, page_size: i
     pool_c = jnp.clip(pool, 0, num_rows - 1)
     ids = gather(pool_c, page_c)
     return jnp.where(overflow | ~pool_ok | (pos < 0) | (ids < 0), 0, ids * p + off)
-
-
-_index = _validate.index_array  # tracer-safe, no host read for int32 arrays
 
 
 def _segment_of(ends, size: int):
@@ -432,7 +430,7 @@ def update_req_to_page(
     new_occupied_pages_num,
     pages_copy_starts,
     *,
-    implementation: str = "auto",
+    implementation: Implementation = "auto",
     interpret: bool = False,
 ) -> Int32[Array, "R M"]:
     """Apply packed page-table refresh slices; returns the new ``req_to_page`` (jitted, table donated).
@@ -452,11 +450,11 @@ def update_req_to_page(
     (upstream has no bounds check); checked mode reports them before the table is written.
     """
     req_to_page = _table("req_to_page", req_to_page)
-    rpi = _index("req_pool_indices", req_pool_indices, (None,))
+    rpi = _validate.index_array("req_pool_indices", req_pool_indices, (None,))
     batch = rpi.shape[0]
-    pages = _index("new_occupied_pages", new_occupied_pages, (None,))
-    num = _index("new_occupied_pages_num", new_occupied_pages_num, (batch,))
-    starts = _index("pages_copy_starts", pages_copy_starts, (batch,))
+    pages = _validate.index_array("new_occupied_pages", new_occupied_pages, (None,))
+    num = _validate.index_array("new_occupied_pages_num", new_occupied_pages_num, (batch,))
+    starts = _validate.index_array("pages_copy_starts", pages_copy_starts, (batch,))
     return _UPDATE(req_to_page, rpi, pages, num, starts, implementation=implementation, interpret=interpret)
 
 
@@ -505,7 +503,7 @@ def compute_out_cache_loc(
     *,
     page_size: int,
     out_size: int,
-    implementation: str = "auto",
+    implementation: Implementation = "auto",
     interpret: bool = False,
 ) -> Int32[Array, "T"]:
     """Ragged KV write locations (jitted): returns ``i32[out_size]``.
@@ -518,10 +516,10 @@ def compute_out_cache_loc(
     dropped.
     """
     table = _table("req_to_pages", req_to_pages)
-    rpi = _index("req_pool_indices", req_pool_indices, (None,))
+    rpi = _validate.index_array("req_pool_indices", req_pool_indices, (None,))
     batch = rpi.shape[0]
-    cs = _index("cache_start", cache_start, (batch,))
-    lens = _index("input_lengths", input_lengths, (batch,))
+    cs = _validate.index_array("cache_start", cache_start, (batch,))
+    lens = _validate.index_array("input_lengths", input_lengths, (batch,))
     page_size = _validate.static_int("page_size", page_size, 1)
     out_size = _validate.static_int("out_size", out_size, 0)
     return _RAGGED(cs, lens, rpi, table, page_size=page_size, out_size=out_size, implementation=implementation,
@@ -548,7 +546,7 @@ def _uniform_call(rpi, starts, table, *, page_size, uniform, interpret, fused):
 
 def _uniform_args(req_to_pages, req_pool_indices, page_size, uniform_input_length, min_uniform):
     """Validated ``(table, req_pool_indices, page_size, U)`` of the uniform-length ops."""
-    return (_table("req_to_pages", req_to_pages), _index("req_pool_indices", req_pool_indices, (None,)),
+    return (_table("req_to_pages", req_to_pages), _validate.index_array("req_pool_indices", req_pool_indices, (None,)),
             _validate.static_int("page_size", page_size, 1),
             _validate.static_int("uniform_input_length", uniform_input_length, min_uniform))
 
@@ -591,14 +589,14 @@ def compute_out_cache_loc_uniform(
     *,
     page_size: int,
     uniform_input_length: int,
-    implementation: str = "auto",
+    implementation: Implementation = "auto",
     interpret: bool = False,
 ) -> Int32[Array, "T"]:
     """Uniform KV write locations (jitted): ``out[b*U + k]`` for position ``cache_start[b] + k``, ``k < U``
     (``U = uniform_input_length``, static; the multi-step drafter uses ``U = S - 1``). Same page math and
     slot-0 rule as ``compute_out_cache_loc``. Returns ``i32[B * U]``."""
     table, rpi, page_size, u = _uniform_args(req_to_pages, req_pool_indices, page_size, uniform_input_length, 0)
-    cs = _index("cache_start", cache_start, (rpi.shape[0],))
+    cs = _validate.index_array("cache_start", cache_start, (rpi.shape[0],))
     return _UNIFORM(cs, rpi, table, page_size=page_size, uniform_input_length=u, implementation=implementation,
                     interpret=interpret)
 
@@ -634,7 +632,7 @@ def fused_decode_input_prep(
     *,
     page_size: int,
     uniform_input_length: int,
-    implementation: str = "auto",
+    implementation: Implementation = "auto",
     interpret: bool = False,
 ) -> DecodeInputs:
     """Decode-only input prep in one launch (jitted): ``c = valid_cache_lengths[req_pool_indices[b]]``;
@@ -642,7 +640,7 @@ def fused_decode_input_prep(
     ``compute_out_cache_loc_uniform`` with ``cache_start = c`` (TokenSpeed seed; 0.1.1 dropped the
     locations). ``valid_cache_lengths`` is pool-indexed ``[R]``; ``U >= 1`` is static."""
     table, rpi, page_size, u = _uniform_args(req_to_pages, req_pool_indices, page_size, uniform_input_length, 1)
-    vcl = _index("valid_cache_lengths", valid_cache_lengths, (None,))
+    vcl = _validate.index_array("valid_cache_lengths", valid_cache_lengths, (None,))
     if vcl.shape[0] < 1:
         raise ValueError(f"valid_cache_lengths: expected shape (R,) with R >= 1, got {vcl.shape}")
     return _FUSED(vcl, rpi, table, page_size=page_size, uniform_input_length=u, implementation=implementation,

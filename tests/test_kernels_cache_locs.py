@@ -186,8 +186,13 @@ def test_trace_time_errors():
         C.fill_front_out_cache_loc(np.zeros(3, np.int32), np.zeros(7, np.int32), width=2)
     with pytest.raises(ValueError, match="int64 value 4294967296 does not fit in int32"):
         C.assign_extend_cache_locs_uniform(np.array([2**32], np.int64), r2t, np.zeros(1, np.int32), width=2)
-    with pytest.raises(ValueError, match="implementation: expected"):
-        C.fill_accept_out_cache_loc(np.zeros((1, 2), np.int32), np.zeros(2, np.int32), implementation="triton")
+    with pytest.raises(ValueError, match="implementation: expected one of"):
+        C.fill_accept_out_cache_loc(np.zeros((1, 2), np.int32), np.zeros(2, np.int32), implementation="cuda")
+    with pytest.raises(ValueError, match="has no mosaic kernel"):
+        C.fill_accept_out_cache_loc(np.zeros((1, 2), np.int32), np.zeros(2, np.int32), implementation="mosaic")
+    if jax.default_backend() != "gpu":
+        with pytest.raises(ValueError, match="needs a CUDA GPU or interpret=True"):
+            C.fill_accept_out_cache_loc(np.zeros((1, 2), np.int32), np.zeros(2, np.int32), implementation="triton")
 
 
 def test_checked_mode_errors():
