@@ -142,13 +142,13 @@ def test_entry_points_looked_up_once(models, prompts, plain, monkeypatch):
     from jaxspec.engine import engine as engine_mod
 
     calls = []
-    real = engine_mod._compiled
+    real = engine_mod.entry_points
 
     def counting(*args):
         calls.append(args[-1])
         return real(*args)
 
-    monkeypatch.setattr(engine_mod, "_compiled", counting)
+    monkeypatch.setattr(engine_mod, "entry_points", counting)
     eng = _engine(models["trained"], CHAIN)
     for _ in range(2):
         _assert_same(eng.generate(prompts, MAX_NEW), plain["trained"])

@@ -1,43 +1,33 @@
-"""Host boundary of the decode loops: protocol checks, memory estimate, validation, allocation, and the
-compiled entry points.
+"""``Engine``: the host boundary of the decode loops.
 
 ``Engine.generate`` runs prefill and the whole decode loop in ONE jitted call (``lax.while_loop`` over
 ``spec_step`` / ``plain_step`` with per-request stopping; no host sync until the result is read).
 ``Engine.generate_host_driven`` runs one jitted call per round and polls ``done`` on the host (for the
-benchmark). All checks that could otherwise corrupt the cache (context overflow, page exhaustion, empty
-or out-of-vocabulary prompts) raise ``ValueError`` here, before anything is traced; the KV pools are
-sized at construction and refused up front when they would not fit in memory.
-
-Compile-cache buckets: the batch is padded to the next power of two (padding rows are done from the
-start and use the dummy page), the output buffer to the next power of two of the largest
-``max_new_tokens`` (the per-request limit is an array), prompts to a multiple of ``PROMPT_BUCKET``; the
-pool size is fixed per engine. So one executable serves every batch size and limit within a bucket.
+benchmark). What it is given is checked before anything is traced (``engine.checks``: context overflow,
+page exhaustion, empty or out-of-vocabulary prompts raise ``ValueError``); the KV pools are sized at
+construction and refused up front when they would not fit in memory (``engine.memory``, which also holds
+the compile-cache buckets); the jitted entry points live in ``engine.compiled``, the calibration of
+adaptive engines in ``engine.calibrate``.
 """
 
-import dataclasses
-import functools
-import os
-import time
 from typing import NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx
-from jax.experimental import checkify
 
 from jaxspec._validate import checks_enabled
 from jaxspec.config import SpecConfig
+from jaxspec.engine import calibrate as _calibrate
+from jaxspec.engine.checks import check_distinct_buffers, check_prompts, check_sampling, check_speculation, check_verify
+from jaxspec.engine.compiled import EntryPoints, entry_points, split_models
+from jaxspec.engine.memory import allocate_state, check_pool_bytes, padded_prompts
 from jaxspec.engine.policy import AdaptivePolicy, PolicyState, init_policy_state
 from jaxspec.engine.simulate import SimulatedAccept
-from jaxspec.engine.state import DecodeState, EngineOptions, SamplingParams
-from jaxspec.engine.step import decode_loop, decode_step, draft_spec_max_accept, prefill
+from jaxspec.engine.state import DecodeState, EngineOptions
+from jaxspec.engine.step import draft_spec_max_accept
 from jaxspec.kernels._dispatch import next_pow2
-from jaxspec.protocols import Drafter, TargetModel, check_implements, make_req_to_token, num_pages_needed
-
-PROMPT_BUCKET = 8  # prompts are right-padded to a multiple of this (fewer recompiles across batches)
-MIN_OUTPUT_BUCKET = 8  # smallest output-buffer width T
-MEMORY_FRACTION = 0.7  # default share of free memory the KV pools may take (the rest: weights, activations)
+from jaxspec.protocols import TargetModel, check_implements, make_req_to_token, num_pages_needed
 
 
 class GenerateResult(NamedTuple):
@@ -52,172 +42,6 @@ class GenerateResult(NamedTuple):
     def mean_accept_length(self) -> float:
         """Tokens per verify round over the batch (plain decoding: 1.0)."""
         return float(self.num_accepted.sum()) / max(1, int(self.num_rounds.sum()))
-
-
-class _Compiled(NamedTuple):
-    prefill: object
-    step: object
-    generate: object
-    decode: object
-
-
-def _checked(fn, checks: bool):
-    """With checks on, functionalise the ``checkify.check``s traced into the kernels (``JAXSPEC_CHECKS``):
-    the jitted function then returns ``(error, out)`` and the caller raises before reading ``out``."""
-    return checkify.checkify(fn, errors=checkify.user_checks) if checks else fn
-
-
-@functools.lru_cache(maxsize=64)
-def _compiled(graphdef, treedef, opts: EngineOptions, checks: bool) -> _Compiled:
-    """Jitted entry points for one ((target, drafter) structure, options, checks) key, shared by every
-    Engine with equal keys (trained and random weights, any EOS share one executable per input shape).
-
-    ``graphdef`` is closed over instead of being a static argument, and each Engine looks its entry points up
-    here once per checks setting (``Engine._entry_points``): hashing an NNX GraphDef costs ~3 ms (the demo
-    pair's 24 layers on CPU: 4.3 ms of a 1-round decode call's 5 ms went to this cache key). Params
-    travel as a flat list of leaves (``treedef`` closed over too): flattening an NNX State costs ~0.5 ms.
-    """
-
-    def _models(leaves):
-        return nnx.merge(graphdef, jax.tree.unflatten(treedef, leaves))
-
-    def _prefill(params, state, prompts, lens):
-        target, drafter = _models(params)
-        return prefill(target, drafter, opts, state, prompts, lens)
-
-    def _step(params, state):
-        return decode_step(*_models(params), opts, state)
-
-    def _generate(params, state, prompts, lens):
-        target, drafter = _models(params)
-        state = prefill(target, drafter, opts, state, prompts, lens)
-        return decode_loop(target, drafter, opts, state)
-
-    def _decode(params, state, force_mode, max_rounds):
-        return decode_loop(*_models(params), opts, state, force_mode, max_rounds)
-
-    return _Compiled(
-        prefill=jax.jit(_checked(_prefill, checks), donate_argnums=(1,)),
-        step=jax.jit(_checked(_step, checks), donate_argnums=(1,)),
-        generate=jax.jit(_checked(_generate, checks), donate_argnums=(1,)),
-        decode=jax.jit(_checked(_decode, checks), donate_argnums=(1,)),
-    )
-
-
-def _pad(x: np.ndarray, b: int, fill) -> np.ndarray:
-    out = np.full((b,), fill, x.dtype)
-    out[: x.size] = x
-    return out
-
-
-def _free_memory_bytes() -> tuple[int, str]:
-    """Free memory of the default device (GPU: allocator limit minus use; CPU: ``MemAvailable``)."""
-    stats = jax.devices()[0].memory_stats() or {}
-    if "bytes_limit" in stats:
-        return int(stats["bytes_limit"]) - int(stats.get("bytes_in_use", 0)), f"{jax.devices()[0]} free memory"
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024, "host MemAvailable"
-    except OSError:
-        pass
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "host physical memory"
-
-
-def _split_models(target, drafter):
-    """One NNX split of ``(target, drafter)`` (shared weights, e.g. an MTP head inside the target, travel
-    once); every leaf must be an array."""
-    graphdef, state = nnx.split((target, drafter))
-    leaves, treedef = jax.tree.flatten(state)
-    for leaf in leaves:
-        if not isinstance(leaf, jax.Array):
-            raise ValueError(
-                f"target / drafter: expected pytrees of jax arrays or NNX modules, found a leaf of type "
-                f"{type(leaf).__name__} (mark configuration fields static)"
-            )
-    return graphdef, treedef, leaves
-
-
-def _check_verify(verify, threshold_single, threshold_acc, spec, drafter) -> tuple[float, float]:
-    if verify not in ("target_only", "draft_probs"):
-        raise ValueError(f"verify: expected 'target_only' or 'draft_probs', got {verify!r}")
-    out = []
-    for name, x in (("threshold_single", threshold_single), ("threshold_acc", threshold_acc)):
-        if isinstance(x, bool) or not isinstance(x, (int, float)) or not 0.0 <= float(x) <= 1.0:
-            raise ValueError(f"{name}: expected a float in [0, 1] (1.0 = lossless), got {x!r}")
-        out.append(float(x))
-    if verify == "draft_probs":
-        if spec is None or spec.topk != 1:
-            raise ValueError(
-                f"verify='draft_probs': implemented for chains (spec.topk == 1) only, got spec={spec}. For trees the "
-                "rule is exact only if siblings are drawn without replacement from the draft distribution and "
-                "each rejection recurses on the residual norm(max(p - q, 0)) (SpecInfer-style); jaxspec's "
-                "MTP trees take siblings top-k, for which it is not exact. Use verify='target_only' for trees."
-            )
-        if not getattr(drafter, "sample_drafts", False):
-            raise ValueError(
-                f"drafter: verify='draft_probs' needs a drafter that samples its chain and returns the draft "
-                f"probabilities (attribute sample_drafts=True, e.g. MTPDrafter(model, sample_drafts=True)); "
-                f"{type(drafter).__name__} does not"
-            )
-        if out != [1.0, 1.0]:
-            raise ValueError(f"threshold_single / threshold_acc: apply to verify='target_only' only, got {out}")
-    return out[0], out[1]
-
-
-def _per_request(name: str, x, b: int, dtype) -> np.ndarray:
-    """A scalar or one value per request -> ``np.ndarray (b,)`` (``None`` entries kept as NaN for floats)."""
-    a = np.asarray(x, dtype=object if dtype is None else None)
-    if a.ndim == 0:
-        a = np.full((b,), a.item(), dtype=object)
-    if a.ndim != 1 or a.shape[0] != b:
-        raise ValueError(f"{name}: expected a scalar or one value per request ({b}), got shape {np.shape(x)}")
-    return a.astype(object)
-
-
-def _check_sampling(b: int, vocab: int, temperature, top_k, top_p, seed) -> tuple[np.ndarray, ...]:
-    """Host-boundary checks of the sampling parameters; errors name the request index and the parameter."""
-
-    def each(name, x, ok, want):
-        vals = _per_request(name, x, b, None)
-        for i, v in enumerate(vals):
-            if not ok(v):
-                raise ValueError(f"{name}[{i}] (request {i}): expected {want}, got {v!r}")
-        return vals
-
-    def real(v):
-        return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, (bool, np.bool_))
-
-    def integer(v):
-        return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
-
-    t = each("temperature", temperature, lambda v: real(v) and np.isfinite(v) and v >= 0,
-             "a finite float >= 0 (0 = greedy)")
-    k = each("top_k", -1 if top_k is None else top_k,
-             lambda v: v is None or (integer(v) and (v == -1 or 1 <= v <= vocab)),
-             f"an int in [1, {vocab}] (the vocabulary size), or -1 / None = off")
-    p = each("top_p", top_p, lambda v: real(v) and 0 < v <= 1, "a float in (0, 1]")
-    s = each("seed", seed, lambda v: integer(v) and 0 <= v < 2**31, "an int in [0, 2**31)")
-    k = np.array([vocab if v is None or v == -1 else int(v) for v in k], np.int32)
-    return t.astype(np.float32), k, p.astype(np.float32), s.astype(np.int32)
-
-
-def _check_distinct_buffers(**trees) -> None:
-    """The decode state is donated: two leaves sharing one device buffer would be donated twice (XLA then
-    fails mid-generate with "Attempt to donate the same buffer twice"). Refuse it here, naming both."""
-    seen: dict[int, str] = {}
-    for name, tree in trees.items():
-        for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
-            if not isinstance(leaf, jax.Array):
-                continue
-            where = name + jax.tree_util.keystr(path)
-            if id(leaf) in seen:
-                raise ValueError(
-                    f"{where} and {seen[id(leaf)]} are the same array: the engine donates its state, so "
-                    f"make_cache / init_state must return a separate buffer for each (e.g. k and v)"
-                )
-            seen[id(leaf)] = where
 
 
 class Engine:
@@ -283,44 +107,19 @@ class Engine:
         simulate_accept: SimulatedAccept | None = None,
     ):
         check_implements(target, TargetModel, "target")
-        if adaptive is True:
-            adaptive = AdaptivePolicy()
-        if adaptive is not None and adaptive is not False and not isinstance(adaptive, AdaptivePolicy):
-            raise ValueError(f"adaptive: expected None, True or an AdaptivePolicy, got {adaptive!r}")
-        adaptive = adaptive or None
-        specs = ()
-        if adaptive is not None:
-            specs = (spec,) if isinstance(spec, SpecConfig) else tuple(spec or ())
-            if not specs or not all(isinstance(x, SpecConfig) for x in specs) or len(set(specs)) != len(specs):
-                raise ValueError(f"spec: adaptive speculation needs one or more distinct SpecConfigs (the draft "
-                                 f"shapes to choose from besides plain decoding), got {spec!r}")
-            spec = None
-        elif spec is not None and not isinstance(spec, SpecConfig):
-            raise ValueError(f"spec: expected a SpecConfig or None (a sequence of them needs adaptive=True), "
-                             f"got {type(spec).__name__}")
-        if simulate_accept is not None and not isinstance(simulate_accept, SimulatedAccept):
-            raise ValueError(f"simulate_accept: expected None or a SimulatedAccept, got {simulate_accept!r}")
-        if simulate_accept is not None and drafter is None:
-            raise ValueError("simulate_accept: needs speculative decoding (a drafter and spec); plain decoding "
-                             "accepts nothing to simulate")
-        if (spec is None and not specs) != (drafter is None):
-            raise ValueError(
-                "drafter: speculative decoding (spec) needs a drafter and plain decoding (spec=None) takes none; "
-                f"got spec={spec}, drafter={type(drafter).__name__}"
-            )
-        if drafter is not None:
-            check_implements(drafter, Drafter, "drafter")
+        specs, adaptive = check_speculation(spec, drafter, adaptive, simulate_accept)
         self.vocab_size = int(target.vocab_size)
         for name, v, lo in (("max_context", max_context, 1), ("page_size", page_size, 1), ("max_batch", max_batch, 1)):
             if not isinstance(v, int) or isinstance(v, bool) or v < lo:
                 raise ValueError(f"{name}: expected an int >= {lo}, got {v!r}")
         if eos_id is not None and not 0 <= eos_id < self.vocab_size:
             raise ValueError(f"eos_id: expected a token id in [0, {self.vocab_size}), got {eos_id}")
-        for x in specs or (spec,):
-            thresholds = _check_verify(verify, threshold_single, threshold_acc, x, drafter)
+        for x in specs or (None,):
+            thresholds = check_verify(verify, threshold_single, threshold_acc, x, drafter)
         self.opts = EngineOptions(
-            spec=spec, page_size=page_size, implementation=implementation, interpret=interpret, verify=verify,
-            threshold_single=thresholds[0], threshold_acc=thresholds[1], specs=specs, adaptive=adaptive,
+            spec=None if adaptive is not None or not specs else specs[0], page_size=page_size,
+            implementation=implementation, interpret=interpret, verify=verify, threshold_single=thresholds[0],
+            threshold_acc=thresholds[1], specs=specs if adaptive is not None else (), adaptive=adaptive,
         )
         self.simulate_accept = simulate_accept
         self.round_costs: dict[int, np.ndarray] = {}  # adaptive: batch bucket -> seconds per round of each mode
@@ -332,63 +131,13 @@ class Engine:
         self.num_pages = num_pages_needed(max_batch, max_context, page_size) if num_pages is None else int(num_pages)
         self.seed = seed
         self.target, self.drafter = target, drafter
-        self.pool_bytes = self._check_memory(memory_limit_bytes)  # drafter.kv_bytes_per_slot also checks spec
-        self.graphdef, self._treedef, self.params = _split_models(target, drafter)
-        self._entries: dict[bool, _Compiled] = {}  # checks -> jitted entry points (_entry_points)
-
-    # ---------------------------------------------------------------- memory estimate
-    def _check_memory(self, limit) -> int:
-        slots = self.num_pages * self.page_size
-        per_slot = int(self.target.kv_bytes_per_slot())
-        for spec in self.opts.draft_specs:
-            per_slot += int(self.drafter.kv_bytes_per_slot(spec))
-        rows = next_pow2(self.max_batch)
-        table = rows * self.max_context * 4  # req_to_token, int32
-        need = slots * per_slot + table
-        if limit is None:
-            free, what = _free_memory_bytes()
-            limit = int(free * MEMORY_FRACTION)
-            what = f"{MEMORY_FRACTION:.0%} of the {free} bytes of {what}"
-        else:
-            what = "memory_limit_bytes"
-        if need > limit:
-            raise ValueError(
-                f"max_context={self.max_context}: the KV pools need {need} bytes ({slots} slots x {per_slot} "
-                f"bytes per slot (target + drafter) + {table} bytes of req_to_token), more than {limit} bytes "
-                f"({what}); lower max_context, max_batch or num_pages"
-            )
-        return need
+        self.pool_bytes = check_pool_bytes(  # drafter.kv_bytes_per_slot also checks spec
+            target, drafter, self.opts.draft_specs, num_pages=self.num_pages, page_size=page_size,
+            max_batch=max_batch, max_context=max_context, limit=memory_limit_bytes)
+        self.graphdef, self._treedef, self.params = split_models(target, drafter)
+        self._entries: dict[bool, EntryPoints] = {}  # checks -> jitted entry points (_entry_points)
 
     # ---------------------------------------------------------------- host-side preparation
-    def _check_prompts(self, prompts, max_new_tokens):
-        if len(prompts) == 0:
-            raise ValueError("prompts: expected at least one prompt, got an empty batch")
-        if len(prompts) > self.max_batch:
-            raise ValueError(f"prompts: {len(prompts)} requests exceed max_batch={self.max_batch}")
-        arrs = []
-        for i, p in enumerate(prompts):
-            a = np.asarray(p)
-            if a.ndim != 1 or a.size == 0:
-                raise ValueError(f"prompts[{i}]: expected a non-empty 1-D sequence of token ids, got shape {a.shape}")
-            if not np.issubdtype(a.dtype, np.integer):
-                raise ValueError(f"prompts[{i}]: expected integer token ids, got dtype {a.dtype}")
-            if a.min() < 0 or a.max() >= self.vocab_size:
-                raise ValueError(f"prompts[{i}]: token ids must be in [0, {self.vocab_size}), got {a.min()}..{a.max()}")
-            arrs.append(a.astype(np.int32))
-        b = len(arrs)
-        mnt = np.broadcast_to(np.asarray(max_new_tokens, np.int64), (b,)).astype(np.int64)
-        if mnt.min() < 1:
-            raise ValueError(f"max_new_tokens: expected >= 1 per request, got {mnt.min()}")
-        width = self.opts.verify_width
-        for i, a in enumerate(arrs):
-            need = a.size + int(mnt[i]) + width
-            if need > self.max_context:
-                raise ValueError(
-                    f"prompts[{i}]: context overflow: prompt length {a.size} + max_new_tokens {int(mnt[i])} + "
-                    f"verify width {width} = {need} > max_context={self.max_context} (req_to_token width W)"
-                )
-        return arrs, mnt.astype(np.int32)
-
     def prepare(self, prompts: Sequence, max_new_tokens, *, temperature=0.0, top_k=None, top_p=1.0, seed=0) -> tuple:
         """Validate, pad to the buckets and allocate: returns device ``(state, prompts (B, P), prompt_lens (B,))``
         with ``B`` the batch bucket (rows past ``len(prompts)`` are padding, done from the start).
@@ -399,15 +148,12 @@ class Engine:
         depend on it and on its own round counter only). A bad value raises ``ValueError`` naming the
         parameter and the request index. All temperatures 0 -> the greedy executable (``all_greedy``).
         """
-        arrs, mnt = self._check_prompts(prompts, max_new_tokens)
-        temps, top_ks, top_ps, seeds = _check_sampling(len(arrs), self.vocab_size, temperature, top_k, top_p, seed)
-        n, b = len(arrs), next_pow2(len(arrs))
-        lens = np.ones((b,), np.int32)  # padding rows: one token (id 0) on the dummy page
-        lens[:n] = [a.size for a in arrs]
-        p = min(-(-int(lens.max()) // PROMPT_BUCKET) * PROMPT_BUCKET, self.max_context)
-        padded = np.zeros((b, p), np.int32)
-        for i, a in enumerate(arrs):
-            padded[i, : a.size] = a
+        arrs, mnt = check_prompts(prompts, max_new_tokens, max_batch=self.max_batch, vocab_size=self.vocab_size,
+                                  max_context=self.max_context, verify_width=self.opts.verify_width)
+        sampling = check_sampling(len(arrs), self.vocab_size, temperature, top_k, top_p, seed)
+        n = len(arrs)
+        padded, lens = padded_prompts(arrs, self.max_context)
+        b = lens.shape[0]
         r2t = np.zeros((b, self.max_context), np.int32)  # padding rows: every slot on the dummy page 0
         r2t[:n] = make_req_to_token(n, self.max_context, self.page_size, num_pages=self.num_pages, seed=self.seed)
         num_slots = self.num_pages * self.page_size
@@ -416,7 +162,7 @@ class Engine:
         if self.drafter is not None:
             draft = tuple(self.drafter.init_state(spec, r2t, num_slots) for spec in self.opts.draft_specs)
             draft = draft if self.opts.adaptive is not None else draft[0]
-        _check_distinct_buffers(target_cache=tcache, draft=draft)
+        check_distinct_buffers(target_cache=tcache, draft=draft)
         policy = None
         if self.opts.adaptive is not None:  # uncalibrated (calibrate itself): equal costs, never read there
             cost = self.round_costs.get(b, np.ones((1 + len(self.opts.specs),), np.float32))
@@ -425,42 +171,16 @@ class Engine:
         simulate = None
         if self.simulate_accept is not None:
             simulate = jnp.asarray(self.simulate_accept.table(max(x.num_steps + 1 for x in self.opts.draft_specs)))
-        limits = np.zeros((b,), np.int32)
-        limits[:n] = mnt
-        t = max(MIN_OUTPUT_BUCKET, next_pow2(int(mnt.max())))
-        def zeros():  # a fresh buffer per field: the state is donated, so no two leaves may share one
-            return jnp.zeros((b,), jnp.int32)
-
-        state = DecodeState(
-            target_cache=tcache,
-            draft=draft,
-            seq_lens=zeros(),
-            bonus=zeros(),
-            out_tokens=jnp.zeros((b, t), jnp.int32),
-            num_generated=zeros(),
-            max_new_tokens=jnp.asarray(limits),
-            done=jnp.asarray(np.arange(b) >= n),
-            eos_id=jnp.int32(self.eos_id),
-            num_rounds=zeros(),
-            num_accepted=zeros(),
-            sampling=SamplingParams(
-                temperature=jnp.asarray(_pad(temps, b, 0.0)),
-                top_k=jnp.asarray(_pad(top_ks, b, self.vocab_size)),
-                top_p=jnp.asarray(_pad(top_ps, b, 1.0)),
-                seed=jnp.asarray(_pad(seeds, b, 0)),
-            ),
-            policy=policy,
-            simulate=simulate,
-            all_greedy=bool(np.all(temps == 0)),
-        )
+        state = allocate_state(tcache, draft, num_requests=n, max_new_tokens=mnt, eos_id=self.eos_id,
+                               sampling=sampling, vocab_size=self.vocab_size, policy=policy, simulate=simulate)
         return state, jnp.asarray(padded), jnp.asarray(lens)
 
     # ---------------------------------------------------------------- compiled entry points
-    def _entry_points(self, checks: bool) -> _Compiled:
-        """This engine's jitted entry points (``_compiled``, looked up once per checks setting: its key hashes
-        the GraphDef, milliseconds per lookup)."""
+    def _entry_points(self, checks: bool) -> EntryPoints:
+        """This engine's jitted entry points (``compiled.entry_points``, looked up once per checks setting: its
+        key hashes the GraphDef, milliseconds per lookup)."""
         if checks not in self._entries:
-            self._entries[checks] = _compiled(self.graphdef, self._treedef, self.opts, checks)
+            self._entries[checks] = entry_points(self.graphdef, self._treedef, self.opts, checks)
         return self._entries[checks]
 
     def _call(self, name, *args):
@@ -513,46 +233,7 @@ class Engine:
         call of the loop, three times each, whose fastest calls' difference over ``rounds`` is the cost (the call's
         fixed cost cancels). ``rounds`` default: the most, up to 4, whose calibration fits in ``max_context``.
         """
-        if self.opts.adaptive is None:
-            raise ValueError("calibrate: only adaptive engines (adaptive=True) choose modes by cost")
-        if not isinstance(batch_size, int) or not 1 <= batch_size <= self.max_batch:
-            raise ValueError(f"batch_size: expected an int in [1, max_batch={self.max_batch}], got {batch_size!r}")
-        if rounds is None:  # the most (up to 4) whose calibration rounds fit in max_context
-            fits = [r for r in (4, 3, 2, 1)
-                    if 1 + self.opts.verify_width + self._calibration_tokens(r) <= self.max_context]
-            rounds = fits[0] if fits else 1
-        if not isinstance(rounds, int) or rounds < 1:
-            raise ValueError(f"rounds: expected None or an int >= 1, got {rounds!r}")
-        m, width = 1 + len(self.opts.specs), self.opts.verify_width
-        max_new = self._calibration_tokens(rounds)
-        room = self.max_context - 1 - width - max_new
-        if room < 0:
-            raise ValueError(f"calibrate: max_context={self.max_context} leaves no room for the calibration rounds "
-                             f"(rounds={rounds}: needs > {1 + width + max_new}); lower rounds")
-        ctx = min(room, self.max_context // 2 if context is None else int(context))
-        if ctx < 0:
-            raise ValueError(f"context: expected an int >= 0, got {context!r}")
-        b = next_pow2(batch_size)
-        costs = np.zeros((m,), np.float32)
-        for mode in range(m):  # a fresh batch per mode (the previous one's pools are freed first)
-            state = None
-            state, prompts, lens = self.prepare([np.zeros((1,), np.int32)] * batch_size, max_new)
-            state = self.run_prefill(state, prompts, lens)
-            active = ~state.done
-            state = dataclasses.replace(state, seq_lens=jnp.where(active, state.seq_lens + ctx, state.seq_lens))
-            state = self.run_decode(state, max_rounds=1, mode=mode)  # untimed (the bucket's first call compiles)
-            elapsed = {1: [], 1 + rounds: []}
-            for _ in range(3):
-                for trips in elapsed:  # the difference cancels the call's fixed cost (dispatch, loop entry)
-                    state = jax.block_until_ready(state)
-                    t0 = time.perf_counter()
-                    state = jax.block_until_ready(self.run_decode(state, max_rounds=trips, mode=mode))
-                    elapsed[trips].append(time.perf_counter() - t0)
-            # the fastest call of each length: a call's fixed cost varies (measured on the H200 with the loop in
-            # one CUDA graph: single pairs gave plain decoding 0 s per round), and noise only adds time
-            costs[mode] = max(min(elapsed[1 + rounds]) - min(elapsed[1]), 1e-9 * rounds) / rounds
-        self.round_costs[b] = costs
-        return costs
+        return _calibrate.calibrate(self, batch_size, context=context, rounds=rounds)
 
     def run_prefill(self, state, prompts, prompt_lens) -> DecodeState:
         """Jitted prefill (+ draft extend); ``state`` is donated."""
@@ -585,10 +266,6 @@ class Engine:
         kw = dict(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
         self._ensure_calibrated(len(prompts))
         return self.result(self.run(*self.prepare(prompts, max_new_tokens, **kw)), len(prompts))
-
-    def _calibration_tokens(self, rounds: int) -> int:
-        """Tokens one mode's calibration rounds may commit (untimed + 3 timed pairs, each round <= S + 1)."""
-        return (7 + 3 * rounds) * int(max(draft_spec_max_accept(self.opts.specs))) + 1
 
     def _ensure_calibrated(self, batch_size: int) -> None:
         if self.opts.adaptive is not None and 0 < batch_size <= self.max_batch:

@@ -1,0 +1,62 @@
+"""Calibration of adaptive engines: the measured seconds per round of each mode (plain, then each draft
+shape) at a batch bucket, which the policy weighs against the running acceptance (``engine.policy``)."""
+
+import dataclasses
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxspec.engine.step import draft_spec_max_accept
+from jaxspec.kernels._dispatch import next_pow2
+
+
+def calibration_tokens(specs, rounds: int) -> int:
+    """Tokens one mode's calibration rounds may commit (untimed + 3 timed pairs, each round <= S + 1)."""
+    return (7 + 3 * rounds) * int(max(draft_spec_max_accept(specs))) + 1
+
+
+def calibrate(engine, batch_size: int, *, context: int | None = None, rounds: int | None = None) -> np.ndarray:
+    """``Engine.calibrate`` (see there): the per-round cost of each mode at the batch bucket of ``batch_size``."""
+    opts = engine.opts
+    if opts.adaptive is None:
+        raise ValueError("calibrate: only adaptive engines (adaptive=True) choose modes by cost")
+    if not isinstance(batch_size, int) or not 1 <= batch_size <= engine.max_batch:
+        raise ValueError(f"batch_size: expected an int in [1, max_batch={engine.max_batch}], got {batch_size!r}")
+    width = opts.verify_width
+    if rounds is None:  # the most (up to 4) whose calibration rounds fit in max_context
+        fits = [r for r in (4, 3, 2, 1) if 1 + width + calibration_tokens(opts.specs, r) <= engine.max_context]
+        rounds = fits[0] if fits else 1
+    if not isinstance(rounds, int) or rounds < 1:
+        raise ValueError(f"rounds: expected None or an int >= 1, got {rounds!r}")
+    m = 1 + len(opts.specs)
+    max_new = calibration_tokens(opts.specs, rounds)
+    room = engine.max_context - 1 - width - max_new
+    if room < 0:
+        raise ValueError(f"calibrate: max_context={engine.max_context} leaves no room for the calibration rounds "
+                         f"(rounds={rounds}: needs > {1 + width + max_new}); lower rounds")
+    ctx = min(room, engine.max_context // 2 if context is None else int(context))
+    if ctx < 0:
+        raise ValueError(f"context: expected an int >= 0, got {context!r}")
+    b = next_pow2(batch_size)
+    costs = np.zeros((m,), np.float32)
+    for mode in range(m):  # a fresh batch per mode (the previous one's pools are freed first)
+        state = None
+        state, prompts, lens = engine.prepare([np.zeros((1,), np.int32)] * batch_size, max_new)
+        state = engine.run_prefill(state, prompts, lens)
+        active = ~state.done
+        state = dataclasses.replace(state, seq_lens=jnp.where(active, state.seq_lens + ctx, state.seq_lens))
+        state = engine.run_decode(state, max_rounds=1, mode=mode)  # untimed (the bucket's first call compiles)
+        elapsed = {1: [], 1 + rounds: []}
+        for _ in range(3):
+            for trips in elapsed:  # the difference cancels the call's fixed cost (dispatch, loop entry)
+                state = jax.block_until_ready(state)
+                t0 = time.perf_counter()
+                state = jax.block_until_ready(engine.run_decode(state, max_rounds=trips, mode=mode))
+                elapsed[trips].append(time.perf_counter() - t0)
+        # the fastest call of each length: a call's fixed cost varies (measured on the H200 with the loop in
+        # one CUDA graph: single pairs gave plain decoding 0 s per round), and noise only adds time
+        costs[mode] = max(min(elapsed[1 + rounds]) - min(elapsed[1]), 1e-9 * rounds) / rounds
+    engine.round_costs[b] = costs
+    return costs
