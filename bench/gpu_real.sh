@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# The real model on the H200: SmolLM2-135M-Instruct's drafters trained, then plain and speculative decoding on
+# MT-Bench against transformers (bench/real_model.py).  bash bench/gpu_real.sh PART...
+#
+# The GPU machine has no network, so the inputs come with the call (REAL_INPUTS, default ../ of this tree):
+#   $REAL_INPUTS/p0/part00, p1/part01  the GGUF in two halves (`split -b 49181216 -d MODEL.gguf part`), sent over
+#                                       two consecutive calls while the machine stays warm (one call carries 64 MiB)
+#   $REAL_INPUTS/w/gguf-*.whl           the gguf package (pure Python; not in the GPU image)
+#   $REAL_INPUTS/q/question.jsonl       MT-Bench questions (python -m jaxspec.data.mtbench)
+# State that later calls of the same warm machine reuse lives under /tmp (the model, the site, the runs).
+# Parts:
+#   gguf0     keep part00;  gguf1: add part01, assemble /tmp/model.gguf and check its sha256
+#   drafters  train_draft's data stage (self-distilled conversations), then the EAGLE-3 and MTP heads
+#             (resumable: a rerun continues where a cut-short one stopped); heads and curves into $OUT/heads
+#   real      bench/real_model.py (REAL_ARGS: its options; heads: $OUT/heads from drafters, else the shipped ones)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+SRC=$PWD
+OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
+IN=${REAL_INPUTS:-$SRC/..}
+export XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1
+source bench/_gpu_env.sh
+GGUF=/tmp/model.gguf
+GGUF_SHA=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53  # jaxspec/models/fetch.py's pin
+RUNS=/tmp/runs
+fail=0
+step() {  # step NAME TIMEOUT CMD...
+  local name=$1 t=$2; shift 2
+  echo "=== $name ($(date +%T)) ==="
+  timeout "$t" "$@" > >(tee "$OUT/$name.log") 2>&1
+  local rc=$?
+  echo "=== $name rc=$rc ($(date +%T)) ==="
+  [ $rc -eq 0 ] || fail=1
+}
+site() {  # gguf and jaxspec importable (no install needs the network)
+  if [ ! -d /tmp/site/gguf ]; then python3 -m pip install -q --no-index --no-deps --target /tmp/site "$IN"/w/gguf-*.whl; fi
+  jaxspec_site /tmp/jsite "$SRC"
+  export PYTHONPATH=/tmp/jsite:/tmp/site
+}
+heads() {  # the heads real_model.py uses: this run's, else the shipped ones
+  local a=jaxspec/assets/heads/smollm2-135m-instruct
+  E3=$OUT/heads/eagle3; [ -f "$E3/config.json" ] || E3=$RUNS/e3/eagle3; [ -f "$E3/config.json" ] || E3=$a-eagle3
+  MTP=$OUT/heads/mtp; [ -f "$MTP/config.json" ] || MTP=$RUNS/mtp/mtp; [ -f "$MTP/config.json" ] || MTP=$a-mtp
+}
+for p in "$@"; do case $p in
+  gguf0) mkdir -p /tmp/parts && cp "$IN/p0/part00" /tmp/parts/ && ls -la /tmp/parts ;;
+  gguf1) cp "$IN/p1/part01" /tmp/parts/ && cat /tmp/parts/part00 /tmp/parts/part01 > $GGUF \
+           && echo "$GGUF_SHA  $GGUF" | sha256sum -c | tee "$OUT/gguf.sha256" || fail=1 ;;
+  drafters) site
+    T="python3 -m jaxspec.train_draft --target $GGUF --device gpu --seed 0"
+    step data ${DATA_TIMEOUT:-200} $T --arch eagle3 --out $RUNS/e3 --stage data --num-prompts ${NUM_PROMPTS:-16384} \
+      --gen-batch 512 --prompt-len 64 --response-len 256
+    mkdir -p $RUNS/mtp && ln -sf $RUNS/e3/data.npz $RUNS/mtp/data.npz
+    step train_eagle3 ${E3_TIMEOUT:-280} $T --arch eagle3 --out $RUNS/e3 --stage train --steps ${E3_STEPS:-2500} \
+      --batch 64 --lr 5e-4 --draft-vocab 8192 --ttt-length 7 --ckpt-every 250
+    step train_mtp ${MTP_TIMEOUT:-150} $T --arch mtp --out $RUNS/mtp --stage train --steps ${MTP_STEPS:-1500} \
+      --batch 32 --lr 5e-4 --mtp-steps 3 --ckpt-every 250
+    mkdir -p "$OUT/heads"
+    for a in e3:eagle3 mtp:mtp; do d=$RUNS/${a%%:*}; [ -d "$d/${a#*:}" ] && cp -r "$d/${a#*:}" "$OUT/heads/"
+      cp "$d/curves.json" "$OUT/heads/curves_${a#*:}.json" 2>/dev/null; cp "$d/curves.png" "$OUT/heads/curves_${a#*:}.png" 2>/dev/null
+    done; ls -la "$OUT/heads" "$OUT"/heads/* ;;
+  real) site; heads
+    XLA_FLAGS="${XLA_FLAGS-$GPU_XLA_FLAGS}" step real ${REAL_TIMEOUT:-560} env -u TORCHDYNAMO_DISABLE python3 bench/real_model.py \
+      --model $GGUF --questions "$IN/q/question.jsonl" --eagle3 "$E3" --mtp "$MTP" --json "$OUT/real_model.json" \
+      --png "$OUT/real_model.png" ${REAL_ARGS:-} ;;
+  *) echo "unknown part $p"; fail=1 ;;
+esac; done
+exit $fail

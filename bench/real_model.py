@@ -1,0 +1,375 @@
+"""A real model on MT-Bench: jaxspec plain and speculative decoding (trained EAGLE-3 / MTP heads) against
+transformers' greedy ``generate`` on the same prompts, in one run.
+
+``python bench/real_model.py --model SmolLM2-135M-Instruct.Q4_1.gguf --questions question.jsonl
+[--eagle3 DIR] [--mtp DIR] [--parts plain,spec,hf] [--json PATH] [--png PATH]``
+
+Prompts: MT-Bench's 80 first turns (``--questions``: the ``question.jsonl`` that ``python -m jaxspec.data.mtbench``
+fetches), each rendered through the checkpoint's own chat template (``jaxspec.text``) and tokenized once; every
+engine decodes the same token ids. Parts (``--parts``, in this order; each row is written to ``--json`` as soon as
+it is measured, so a run cut short keeps what it measured):
+
+* ``plain``: jaxspec plain decoding against transformers on equal work: every request generates exactly
+  ``--fixed-tokens`` tokens (no stop token), batches ``--batches`` (the first ``b`` prompts).
+* ``spec``: plain and speculative decoding with the trained heads, stopping at the chat template's end-of-turn
+  token (``<|im_end|>``), at most ``--new-tokens``. Per engine (drafter x config, ``--configs``): the mean accept
+  length (tokens per verify round) over all 80 prompts in one batch at temperature 0 (and ``--temperatures``),
+  the per-request accept lengths' histogram, whether its greedy tokens equal plain decoding's, and tokens/s at
+  ``--batches`` (generated tokens / seconds). Lossless: at temperature 0 every engine returns plain decoding's
+  tokens (up to bf16 near-ties between a 1-row and a multi-row forward).
+* ``hf``: transformers (the same GGUF via ``from_pretrained(dir, gguf_file=...)``, bf16, CUDA), equal work as in
+  ``plain``: ``generate(do_sample=False)`` eager (dynamic cache), ``compile`` (its fastest documented path: static
+  cache, forward under ``torch.compile(mode="reduce-overhead", fullgraph=True)``, one warm-up call per batch size),
+  and ``pld`` (prompt-lookup decoding, ``prompt_lookup_num_tokens=10``, batch 1). Batches left-padded.
+
+jaxspec: ``load_model(--model, param_dtype=bf16, kv_dtype=bf16)``; each ``generate`` is one XLA ``while_loop``
+(prefill included in the time); per engine and batch size the first call compiles, then the median of
+``--repeats`` calls. ``--budget-s``: stop starting new rows after this many seconds (rows are ordered by priority).
+"""
+
+import json
+import os
+import statistics
+import sys
+import time
+
+import _cli
+
+CONFIGS = {  # name -> (drafter, spec list, adaptive)
+    "eagle3-chain3": ("eagle3", [(3, 1, 4)], False),
+    "eagle3-chain7": ("eagle3", [(7, 1, 8)], False),
+    "eagle3-tree": ("eagle3", [(5, 4, 16)], False),
+    "mtp-chain3": ("mtp", [(3, 1, 4)], False),
+    "eagle3-adaptive": ("eagle3", [(3, 1, 4), (7, 1, 8)], True),
+    "mtp-tree": ("mtp", [(3, 2, 6)], False),
+}
+
+
+def _parse(argv):
+    ap = _cli.parser("real_model.py", __doc__)
+    ap.add_argument("--model", required=True, help="a .gguf file or a Hugging Face checkpoint directory")
+    ap.add_argument("--questions", required=True, help="MT-Bench question.jsonl (first turns are the prompts)")
+    ap.add_argument("--eagle3", default=None, help="EAGLE-3 head directory (jaxspec.models.load_eagle3)")
+    ap.add_argument("--mtp", default=None, help="MTP head directory (jaxspec.train_draft.load_mtp_head)")
+    ap.add_argument("--parts", default="plain,spec,hf", help="comma list of parts: plain, spec, hf")
+    ap.add_argument("--configs", default=",".join(CONFIGS), help=f"comma list of {sorted(CONFIGS)}")
+    ap.add_argument("--batches", default="1,8,32", help="comma list of batch sizes for tokens/s")
+    ap.add_argument("--new-tokens", type=int, default=256, help="spec part: most tokens per request")
+    ap.add_argument("--fixed-tokens", type=int, default=256, help="plain/hf parts: tokens per request")
+    ap.add_argument("--temperatures", default="0,0.7", help="spec part: acceptance temperatures")
+    ap.add_argument("--accept-configs", default="eagle3-chain3,mtp-chain3",
+                    help="configs whose acceptance is also measured at the non-zero temperatures")
+    ap.add_argument("--repeats", type=int, default=3, help="timed calls per row (median)")
+    ap.add_argument("--hf", default="eager,compile,pld", help="hf part: comma list of eager, compile, pld")
+    ap.add_argument("--hf-prompts-b1", type=int, default=2, help="hf part: prompts timed one by one at batch 1")
+    ap.add_argument("--page-size", type=int, default=16, help="jaxspec's KV page size")
+    ap.add_argument("--device", choices=["cpu", "gpu"], default="gpu", help="JAX platform")
+    ap.add_argument("--budget-s", type=float, default=None, help="start no new row after this many seconds")
+    ap.add_argument("--json", default=None, help="write the rows here (after every row)")
+    ap.add_argument("--png", default=None, help="plot: speed-up over plain per config and batch, accept histogram")
+    return ap.parse_args(argv)
+
+
+class Run:
+    """Rows, written to ``path`` after each one; a clock for ``--budget-s``."""
+
+    def __init__(self, path, budget_s, meta):
+        self.path, self.budget_s, self.t0 = path, budget_s, time.perf_counter()
+        self.doc = dict(meta, rows=[])
+
+    def add(self, **row):
+        self.doc["rows"].append(row)
+        if self.path:
+            with open(self.path, "w") as f:
+                json.dump(self.doc, f, indent=1)
+        return row
+
+    def time_left(self) -> bool:
+        ok = self.budget_s is None or time.perf_counter() - self.t0 < self.budget_s
+        if not ok:
+            print(f"--budget-s {self.budget_s} reached: no new rows", flush=True)
+        return ok
+
+
+def prompt_ids(model_path: str, questions_path: str):
+    """``(tokenizer, ids)``: MT-Bench first turns through the checkpoint's chat template, as token ids."""
+    from jaxspec.text import Tokenizer
+
+    tok = Tokenizer.from_file(model_path)
+    with open(questions_path) as f:
+        questions = [json.loads(line) for line in f if line.strip()]
+    return tok, [tok.encode_chat([{"role": "user", "content": q["turns"][0]}]) for q in questions]
+
+
+def _timed(fn, repeats):
+    t0 = time.perf_counter()
+    first = fn()
+    first_s = time.perf_counter() - t0
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return first, first_s, statistics.median(times)
+
+
+def _n_tokens(res) -> int:
+    return int(sum(len(t) for t in res.tokens))
+
+
+# ------------------------------------------------------------------------------------------------ jaxspec
+class Models:
+    """The target loaded once per feature layout (plain / MTP share one; EAGLE-3 taps aux layers)."""
+
+    def __init__(self, args):
+        import jax.numpy as jnp
+
+        self.args, self.bf16 = args, jnp.bfloat16
+        self._plain = self._e3 = None
+
+    def plain(self):
+        from jaxspec.models import load_model
+
+        if self._plain is None:
+            self._plain = load_model(self.args.model, param_dtype=self.bf16, kv_dtype=self.bf16)
+        return self._plain
+
+    def drafter(self, kind: str, max_steps: int):
+        from jaxspec.models import EAGLE3Drafter, MTPDrafter, load_eagle3, load_model
+        from jaxspec.models.eagle3 import aux_layers_from_ids
+        from jaxspec.train_draft import load_mtp_head
+
+        if kind == "eagle3":
+            if self.args.eagle3 is None:
+                return None
+            if self._e3 is None:
+                head = load_eagle3(self.args.eagle3, param_dtype=self.bf16, kv_dtype=self.bf16)
+                n = self.plain().cfg.num_hidden_layers
+                target = load_model(self.args.model, param_dtype=self.bf16, kv_dtype=self.bf16,
+                                    aux_layers=aux_layers_from_ids(head.cfg.aux_layer_ids, n))
+                self._e3 = (target, EAGLE3Drafter(head, target))
+            return self._e3
+        if self.args.mtp is None:
+            return None
+        model = load_mtp_head(self.plain(), self.args.mtp, num_draft_steps=max_steps)
+        return model, MTPDrafter(model)
+
+
+def part_plain(run, models, prompts, batches, args, eos_id=None, tokens=None, label="plain"):
+    """Plain decoding rows (``tokens`` per request; ``eos_id`` None: exactly that many)."""
+    from jaxspec.engine import Engine
+
+    tokens = tokens or args.fixed_tokens
+    # the spec part's plain engine has the same shapes (context, pool), so the two share executables
+    w = _context(prompts, tokens, 16, args.page_size)
+    eng = Engine(models.plain(), max_context=w, page_size=args.page_size, max_batch=len(prompts), eos_id=eos_id)
+    out = {}
+    for b in batches:
+        if not run.time_left():
+            break
+        res, first_s, s = _timed(lambda: eng.generate(prompts[:b], tokens), args.repeats)
+        n = _n_tokens(res)
+        out[b] = run.add(part=label, engine="jaxspec", path="plain", batch=b, tokens=n, seconds=s, tok_s=n / s,
+                         ms_per_step=1e3 * s / max(len(t) for t in res.tokens), first_call_s=first_s)
+        print(f"jaxspec {label:<6s} b={b:<3d} {n / s:10.1f} tok/s  (first call {first_s:.1f} s)", flush=True)
+    return out
+
+
+def _context(prompts, new_tokens, width, page):
+    need = max(len(p) for p in prompts) + new_tokens + width + 1
+    return -(-need // page) * page
+
+
+def part_spec(run, models, prompts, batches, args, eos_id):
+    import numpy as np
+
+    from jaxspec.config import SpecConfig
+    from jaxspec.engine import Engine
+
+    n_all = len(prompts)
+    temps = [float(t) for t in args.temperatures.split(",") if t]
+    plain_tok = {}
+    # plain reference: all prompts at temperature 0 (the lossless check), and tokens/s at --batches
+    w = _context(prompts, args.new_tokens, 16, args.page_size)
+    plain = Engine(models.plain(), max_context=w, page_size=args.page_size, max_batch=n_all, eos_id=eos_id)
+    t0 = time.perf_counter()
+    ref = plain.generate(prompts, args.new_tokens)
+    plain_all_s = time.perf_counter() - t0
+    run.add(part="spec", engine="jaxspec", config="plain", batch=n_all, accept_len=1.0, tokens=_n_tokens(ref),
+            first_call_s=plain_all_s)
+    ref_tokens = [np.asarray(t).tolist() for t in ref.tokens]
+    for b in batches:
+        if not run.time_left():
+            return
+        res, first_s, s = _timed(lambda: plain.generate(prompts[:b], args.new_tokens), args.repeats)
+        plain_tok[b] = _n_tokens(res) / s
+        run.add(part="spec", engine="jaxspec", config="plain", batch=b, tokens=_n_tokens(res), seconds=s,
+                tok_s=plain_tok[b], first_call_s=first_s)
+        print(f"spec plain          b={b:<3d} {plain_tok[b]:10.1f} tok/s", flush=True)
+    for name in args.configs.split(","):
+        if not run.time_left():
+            return
+        kind, shapes, adaptive = CONFIGS[name]
+        specs = [SpecConfig(*x) for x in shapes]
+        pair = models.drafter(kind, max(s.num_steps for s in specs))
+        if pair is None:
+            print(f"{name}: no --{kind} head given, skipped", flush=True)
+            continue
+        target, drafter = pair
+        width = max(s.num_draft_tokens for s in specs)
+        w = _context(prompts, args.new_tokens, width, args.page_size)
+        eng = Engine(target, drafter, spec=specs if adaptive else specs[0], adaptive=True if adaptive else None,
+                     max_context=w, page_size=args.page_size, max_batch=n_all, eos_id=eos_id)
+        for t in [0.0] + ([x for x in temps if x > 0] if name in args.accept_configs.split(",") else []):
+            if not run.time_left():
+                return
+            t0 = time.perf_counter()
+            res = eng.generate(prompts, args.new_tokens, temperature=t, seed=0)
+            first_s = time.perf_counter() - t0
+            per_req = (res.num_accepted / np.maximum(res.num_rounds, 1)).tolist()
+            row = dict(part="spec", engine="jaxspec", config=name, specs=shapes, temperature=t, batch=n_all,
+                       accept_len=res.mean_accept_length, accept_per_request=per_req, tokens=_n_tokens(res),
+                       first_call_s=first_s)
+            if res.mode_rounds is not None:
+                row["mode_rounds"] = np.asarray(res.mode_rounds).tolist()
+            if t == 0.0:
+                got = [np.asarray(x).tolist() for x in res.tokens]
+                same = [a == b for a, b in zip(got, ref_tokens)]
+                row["same_as_plain"] = int(sum(same))
+                row["first_difference"] = [next((i for i, (x, y) in enumerate(zip(a, b)) if x != y),
+                                                min(len(a), len(b))) for a, b, ok in zip(got, ref_tokens, same)
+                                           if not ok]
+            run.add(**row)
+            extra = f", {row['same_as_plain']}/{n_all} equal to plain" if t == 0.0 else ""
+            print(f"{name:<18s} T={t:<4g} accept {res.mean_accept_length:.3f}{extra}", flush=True)
+        for b in batches:
+            if not run.time_left():
+                return
+            res, first_s, s = _timed(lambda: eng.generate(prompts[:b], args.new_tokens), args.repeats)
+            tok_s = _n_tokens(res) / s
+            run.add(part="spec", engine="jaxspec", config=name, batch=b, tokens=_n_tokens(res), seconds=s, tok_s=tok_s,
+                    accept_len=res.mean_accept_length, first_call_s=first_s,
+                    speedup=tok_s / plain_tok[b] if b in plain_tok else None)
+            print(f"{name:<18s} b={b:<3d} {tok_s:10.1f} tok/s  {tok_s / plain_tok.get(b, float('nan')):.2f}x plain "
+                  f"(accept {res.mean_accept_length:.2f}; first call {first_s:.1f} s)", flush=True)
+
+
+# ------------------------------------------------------------------------------------------------ transformers
+def part_hf(run, prompts, batches, args, ours):
+    import torch
+    import transformers
+
+    path = os.path.abspath(args.model)
+    d, f = os.path.dirname(path), os.path.basename(path)
+    kw = dict(gguf_file=f) if f.endswith(".gguf") else {}
+    model = transformers.AutoModelForCausalLM.from_pretrained(d if kw else path, dtype=torch.bfloat16, **kw)
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    model = model.to(dev).eval()
+    sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)
+    pad = 0
+    n_new = args.fixed_tokens
+    gen = dict(max_new_tokens=n_new, min_new_tokens=n_new, do_sample=False, pad_token_id=pad)
+
+    def inputs(batch):
+        n = max(len(p) for p in batch)
+        ids = torch.tensor([[pad] * (n - len(p)) + p for p in batch], device=dev)
+        mask = torch.tensor([[0] * (n - len(p)) + [1] * len(p) for p in batch], device=dev)
+        return dict(input_ids=ids, attention_mask=mask)
+
+    def timed(batch, extra, warm):
+        x = inputs(batch)
+        with torch.inference_mode():
+            if warm:
+                model.generate(**x, **gen, **extra)
+                sync()
+            t0 = time.perf_counter()
+            out = model.generate(**x, **gen, **extra)
+            sync()
+            return time.perf_counter() - t0, (out.shape[1] - x["input_ids"].shape[1]) * len(batch)
+
+    for p in [x for x in args.hf.split(",") if x]:
+        if p == "compile":
+            model.generation_config.cache_implementation = "static"
+            model.forward = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
+        for b in [1] if p == "pld" else batches:
+            if not run.time_left():
+                return
+            extra = dict(prompt_lookup_num_tokens=10) if p == "pld" else {}
+            groups = [[q] for q in prompts[: args.hf_prompts_b1]] if b == 1 else [prompts[:b]]
+            s = n = 0
+            for g in groups:
+                si, ni = timed(g, extra, warm=(p == "compile"))
+                s, n = s + si, n + ni
+            row = dict(part="hf", engine="transformers", path=p, batch=b, tokens=n, seconds=s, tok_s=n / s,
+                       prompts=len(groups) * len(groups[0]))
+            if b in ours:
+                row["jaxspec_plain_over_this"] = ours[b]["tok_s"] / row["tok_s"]
+            run.add(**row)
+            print(f"transformers {p:<7s} b={b:<3d} {n / s:10.1f} tok/s"
+                  + (f"  (jaxspec plain {row['jaxspec_plain_over_this']:.1f}x)" if b in ours else ""), flush=True)
+
+
+def plot(doc, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in doc["rows"] if r.get("part") == "spec"]
+    speed = [r for r in rows if r.get("speedup")]
+    acc = [r for r in rows if "accept_per_request" in r and r.get("temperature") == 0.0]
+    fig, ax = plt.subplots(1, 2, figsize=(12, 4.5))
+    names = list(dict.fromkeys(r["config"] for r in speed))
+    batches = sorted({r["batch"] for r in speed})
+    for j, b in enumerate(batches):
+        ys = [next((r["speedup"] for r in speed if r["config"] == n and r["batch"] == b), 0) for n in names]
+        ax[0].bar([i + 0.8 * j / len(batches) for i in range(len(names))], ys, 0.8 / len(batches), label=f"batch {b}")
+    ax[0].axhline(1.0, color="k", lw=0.8)
+    ax[0].set_xticks([i + 0.4 - 0.4 / len(batches) for i in range(len(names))], names, rotation=20, fontsize=8)
+    ax[0].set_ylabel("tokens/s over jaxspec plain")
+    ax[0].legend()
+    for r in acc:
+        ax[1].hist(r["accept_per_request"], bins=20, histtype="step", label=f"{r['config']} ({r['accept_len']:.2f})")
+    ax[1].set_xlabel("accept length per request (MT-Bench first turns, T=0)")
+    ax[1].set_ylabel("requests")
+    ax[1].legend(fontsize=8)
+    fig.suptitle(f"{doc['model']} on {doc['gpu']}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv=None) -> int:
+    args = _parse(sys.argv[1:] if argv is None else argv)
+    if args.device == "cpu":
+        os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    import jax
+
+    parts = [p for p in args.parts.split(",") if p]
+    bad = [p for p in parts if p not in ("plain", "spec", "hf")] + [c for c in args.configs.split(",")
+                                                                    if c not in CONFIGS]
+    if bad:
+        raise SystemExit(f"--parts/--configs: unknown {bad}")
+    batches = [int(x) for x in args.batches.split(",")]
+    tok, prompts = prompt_ids(args.model, args.questions)
+    if len(prompts) < max(batches):
+        raise SystemExit(f"--questions: {len(prompts)} prompts, fewer than the largest batch")
+    eos = tok.end_of_turn_token_id
+    print(f"{len(prompts)} prompts, {min(map(len, prompts))}-{max(map(len, prompts))} tokens; end of turn {eos}",
+          flush=True)
+    run = Run(args.json, args.budget_s, dict(model=os.path.basename(args.model), gpu=str(jax.devices()[0].device_kind),
+                                             jax=jax.__version__, args=vars(args)))
+    models = Models(args)
+    ours = {}
+    if "plain" in parts:
+        ours = part_plain(run, models, prompts, batches, args)
+    if "spec" in parts:
+        part_spec(run, models, prompts, batches, args, eos)
+    if "hf" in parts and run.time_left():
+        part_hf(run, prompts, batches, args, ours)
+    if args.png:
+        plot(run.doc, args.png)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
