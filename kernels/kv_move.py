@@ -24,6 +24,10 @@ in ONE launch. What it guarantees (see ``dynamic_validate_move`` for the exact r
   ``a_k >= k``); ``move_accept_tokens_to_target_kvcache`` lays pairs out request-aligned so that spans
   are independent and the move runs fully parallel.
 * pairs with ``tgt == src`` (the root self-copy, the ``0 <- 0`` padding) are skipped: no traffic.
+* every other pair list would be order-dependent, so ``move_kv_cache`` never runs the kernel on one: pair
+  lists known on the host are checked there (``unordered_pair_error``, O(n log n)) and refused with a
+  ``ValueError`` naming the pair; traced ones are checked in the program, which runs the reference for
+  them (``lax.cond``); checked mode checks the same rule before the move and writes nothing when it fails.
 
 Out-of-range values (one rule, reference and kernel alike): a pair whose ``tgt`` or ``src`` slot lies
 outside ``[0, X)`` is dropped (nothing written, no wrap-around to slot ``X - 1``). In the accept move a
@@ -44,7 +48,7 @@ from jaxtyping import Array, Int32
 
 from jax.experimental import pallas as pl
 
-from jaxspec.kernels._validate import has_tracer, index_array, static_int
+from jaxspec.kernels._validate import checks_enabled, has_tracer, index_array, static_int
 from jaxspec.kernels._backend import Implementation
 from jaxspec.kernels._dispatch import KernelOp, next_pow2
 from jaxspec.kernels._triton import compiler_params, load, store
@@ -165,22 +169,87 @@ def move_accept_tokens_to_target_kvcache_reference(k_buffer, v_buffer, accept_in
 # ----------------------------------------------------------------------------------------------------
 
 
-def move_hazards(tgt, src, *, rows: int, span: int, xp=np):
-    """Boolean ``(n,)`` per pair: True where pair ``i`` takes part in an illegal hazard.
+def run_span(n: int, span: int | None, rows: int) -> int:
+    """Pairs per program group as the kernel runs ``n`` pairs: ``span`` (``None``: all ``n``) rounded up to
+    whole chunks of ``rows``."""
+    s = n if span is None else span
+    return max(rows, -(-s // rows) * rows)
 
-    Active pair: ``tgt != src``. Illegal: (dup) two pairs write the same slot from different sources;
-    (hazard) active ``i`` reads slot ``s``, active ``j != i`` writes ``s``, and ``span(i) != span(j)`` or
-    ``chunk(i) > chunk(j)`` (the writer's chunk may run first). O(n^2); for tests and debug mode.
-    """
+
+def _order_problems(tgt, src, *, rows: int, span: int, num_slots: int, xp):
+    """``(dup, unordered, writer)`` per pair, in O(n log n) (two sorts and binary searches, NumPy or jnp).
+
+    A pair is *live* when both slots lie in ``[0, num_slots)`` (others are dropped by every implementation) and
+    *active* when it is live and ``tgt != src`` (self-copies move nothing). ``dup[i]``: live pair ``i``'s target
+    is written by a live pair from a different source. ``unordered[i]``: active pair ``i`` reads a slot that an
+    active pair ``writer[i]`` overwrites where the kernel does not run ``i`` first (another span, or an earlier
+    chunk); the writer checked is the first or the last one by index, which decide it (chunks and spans are
+    runs of consecutive pairs)."""
     n = tgt.shape[0]
-    i = xp.arange(n)
-    active = tgt != src
-    same_t = tgt[:, None] == tgt[None, :]
-    dup = same_t & (src[:, None] != src[None, :])
-    reads = (src[:, None] == tgt[None, :]) & active[:, None] & active[None, :] & (i[:, None] != i[None, :])
-    order_ok = ((i[:, None] // span) == (i[None, :] // span)) & ((i[:, None] // rows) <= (i[None, :] // rows))
-    bad = dup | (reads & ~order_ok)
-    return xp.any(bad, axis=1) | xp.any(bad, axis=0)
+    i = xp.arange(n, dtype=tgt.dtype)
+    live = (tgt >= 0) & (tgt < num_slots) & (src >= 0) & (src < num_slots)
+    active = live & (tgt != src)
+    # (dup) sort by (target, source): a target's first and last source differ
+    key = xp.where(live, tgt, num_slots)
+    order = xp.lexsort((src, key))
+    k_sorted, s_sorted = key[order], src[order]
+    first = xp.searchsorted(k_sorted, key, side="left")
+    last = xp.searchsorted(k_sorted, key, side="right") - 1
+    dup = live & (s_sorted[first] != s_sorted[last])
+    # (order) the active writers of each slot, sorted by (slot, index): the first and the last writer of src[i]
+    wkey = xp.where(active, tgt, num_slots)
+    worder = xp.lexsort((i, wkey))
+    w_sorted = wkey[worder]
+    want = xp.where(active, src, -1)  # -1: no pair writes it
+    lo = xp.searchsorted(w_sorted, want, side="left")
+    hi = xp.searchsorted(w_sorted, want, side="right")
+    has = hi > lo
+    j_first = worder[xp.clip(lo, 0, n - 1)]
+    j_last = worder[xp.clip(hi - 1, 0, n - 1)]
+    sp, ch = i // span, i // rows
+    early = (sp[j_first] != sp) | (sp[j_last] != sp) | (ch[j_first] < ch)
+    unordered = active & has & early
+    writer = xp.where((sp[j_first] != sp) | (ch[j_first] < ch), j_first, j_last)
+    return dup, unordered, writer
+
+
+def move_hazards(tgt, src, *, rows: int, span: int, num_slots: int, xp=np):
+    """Boolean ``(n,)`` per pair: True where the kernel's result may differ from the parallel assignment
+    because of pair ``i``: (dup) its target is also written from a different source, or (order) it reads a
+    slot that another pair overwrites and the kernel may run the writer first (the writer in another span,
+    or in an earlier chunk). Only live pairs count (both slots in ``[0, num_slots)``; others are dropped).
+    ``span``: the kernel's span (``run_span``). O(n log n); ``xp=jnp`` inside a trace."""
+    if tgt.shape[0] == 0:
+        return xp.zeros((0,), bool)
+    dup, unordered, _ = _order_problems(tgt, src, rows=rows, span=span, num_slots=num_slots, xp=xp)
+    return dup | unordered
+
+
+def unordered_pair_error(tgt, src, num_slots: int, *, span: int | None = None, config: MoveConfig = DEFAULT_CONFIG):
+    """The reason the Pallas move of these (host) pairs could differ from the parallel assignment, or None.
+
+    ``span``/``config`` as given to ``move_kv_cache``; pairs with a slot outside ``[0, num_slots)`` are
+    dropped (no reason)."""
+    tgt = np.asarray(tgt).astype(np.int64).reshape(-1)
+    src = np.asarray(src).astype(np.int64).reshape(-1)
+    n = tgt.shape[0]
+    if n == 0:
+        return None
+    sp = run_span(n, span, config.rows)
+    dup, unordered, writer = _order_problems(tgt, src, rows=config.rows, span=sp, num_slots=num_slots, xp=np)
+    if dup.any():
+        k = int(np.argmax(dup))
+        j = int(np.argmax(dup & (tgt == tgt[k]) & (src != src[k])))
+        return (f"duplicate target slot {int(tgt[k])} written from different sources "
+                f"(pairs {k}: {int(tgt[k])} <- {int(src[k])} and {j}: {int(tgt[j])} <- {int(src[j])})")
+    if unordered.any():
+        k = int(np.argmax(unordered))
+        j = int(writer[k])
+        where = "another span" if j // sp != k // sp else "an earlier chunk"
+        return (f"overlapping move: pair {k} ({int(tgt[k])} <- {int(src[k])}) reads slot {int(src[k])}, which "
+                f"pair {j} ({int(tgt[j])} <- {int(src[j])}) overwrites in {where}: the kernel may write it "
+                f"first (rows={config.rows}, span={sp})")
+    return None
 
 
 def dynamic_validate_move(tgt_loc, src_loc, num_slots: int, *, span: int | None = None, config: MoveConfig = DEFAULT_CONFIG):
@@ -199,22 +268,9 @@ def dynamic_validate_move(tgt_loc, src_loc, num_slots: int, *, span: int | None 
         if bad.any():
             k = int(np.argmax(bad))
             raise ValueError(f"{name}[{k}] = {int(x[k])} is out of range [0, {num_slots})")
-    n = tgt.shape[0]
-    if n == 0:
-        return
-    sp = n if span is None else span
-    same_t = tgt[:, None] == tgt[None, :]
-    dup = same_t & (src[:, None] != src[None, :])
-    if dup.any():
-        i, j = np.argwhere(dup)[0]
-        raise ValueError(f"duplicate target slot {int(tgt[i])} written from different sources (pairs {i} and {j})")
-    bad = move_hazards(tgt, src, rows=config.rows, span=sp)
-    if bad.any():
-        k = int(np.argmax(bad))
-        raise ValueError(
-            f"overlapping move: pair {k} ({int(tgt[k])} <- {int(src[k])}) reads or writes a slot that another pair "
-            f"overwrites in an order the kernel does not guarantee (rows={config.rows}, span={sp})"
-        )
+    reason = unordered_pair_error(tgt, src, num_slots, span=span, config=config)
+    if reason is not None:
+        raise ValueError(reason)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -253,8 +309,7 @@ def _move_pallas(k3, v3, tgt, src, *, span, config, interpret):
     n = tgt.shape[0]
     layers, num_slots, features = k3.shape
     rows = config.rows
-    span = n if span is None else span
-    span = max(rows, -(-span // rows) * rows)  # whole chunks
+    span = run_span(n, span, rows)
     n_pad = -(-n // span) * span
     if n_pad != n:
         pad = jnp.zeros((n_pad - n,), jnp.int32)
@@ -293,21 +348,35 @@ def _check_pool(k_buffer, v_buffer, paged):
     return int(np.prod(k_buffer.shape[1:lead]))
 
 
-def _move(k_buffer, v_buffer, tgt, src, *, span, paged, config, impl, interpret):
+def _move(k_buffer, v_buffer, tgt, src, *, span, paged, config, impl, interpret, ordered=True):
+    """The move; ``ordered=False``: the pairs were not checked on the host, so the program checks them and
+    runs the reference where the kernel could not order them (``lax.cond``)."""
     if tgt.shape[0] == 0 or k_buffer.size == 0:
         return KVBuffers(k_buffer, v_buffer)
     if impl == "reference":
         return move_kv_cache_reference(k_buffer, v_buffer, tgt, src, paged=paged)
-    k3, v3 = _as_rows(k_buffer, paged), _as_rows(v_buffer, paged)
-    kk, vv = _move_pallas(k3, v3, tgt, src, span=span, config=config, interpret=interpret)
-    return KVBuffers(kk.reshape(k_buffer.shape), vv.reshape(v_buffer.shape))
+
+    def kernel(k_buffer, v_buffer):
+        k3, v3 = _as_rows(k_buffer, paged), _as_rows(v_buffer, paged)
+        kk, vv = _move_pallas(k3, v3, tgt, src, span=span, config=config, interpret=interpret)
+        return KVBuffers(kk.reshape(k_buffer.shape), vv.reshape(v_buffer.shape))
+
+    if ordered:
+        return kernel(k_buffer, v_buffer)
+    num_slots = _as_rows(k_buffer, paged).shape[1]
+    bad = jnp.any(move_hazards(tgt, src, rows=config.rows, span=run_span(tgt.shape[0], span, config.rows),
+                               num_slots=num_slots, xp=jnp))
+    reference = functools.partial(move_kv_cache_reference, tgt_loc=tgt, src_loc=src, paged=paged)
+    return KVBuffers(*jax.lax.cond(bad, lambda k, v: tuple(reference(k, v)), lambda k, v: tuple(kernel(k, v)),
+                                   k_buffer, v_buffer))
 
 
 def _unchanged(k_buffer, v_buffer, *_):
     return KVBuffers(k_buffer, v_buffer)
 
 
-def _move_checks(k_buffer, v_buffer, tgt, src, *, span, paged, config):
+def _move_checks(k_buffer, v_buffer, tgt, src, *, span, paged, config, ordered=True):
+    del ordered  # the hazard rule is checked either way
     num_slots = int(np.prod(k_buffer.shape[1:(3 if paged else 2)]))
     pad = src <= PAD_SRC  # bucket padding (``_bucket_pairs``): dropped by design, not an error
     out = [
@@ -315,8 +384,8 @@ def _move_checks(k_buffer, v_buffer, tgt, src, *, span, paged, config):
         ((src >= 0) & (src < num_slots) | pad, f"move_kv_cache: src_loc out of range [0, {num_slots})"),
     ]
     if tgt.shape[0]:
-        sp = tgt.shape[0] if span is None else span
-        out.append((~jnp.any(move_hazards(tgt, src, rows=config.rows, span=sp, xp=jnp)),
+        sp = run_span(tgt.shape[0], span, config.rows)
+        out.append((~jnp.any(move_hazards(tgt, src, rows=config.rows, span=sp, num_slots=num_slots, xp=jnp)),
                     "move_kv_cache: overlapping src/tgt pairs (order-dependent move)"))
     return out
 
@@ -337,12 +406,12 @@ def _bucket_pairs(tgt, src):
     return jnp.concatenate([tgt, -1 - k]), jnp.concatenate([src, PAD_SRC - k])
 
 
-def _move_impl(k_buffer, v_buffer, tgt, src, *, span, paged, config, implementation, interpret):
+def _move_impl(k_buffer, v_buffer, tgt, src, *, span, paged, config, ordered, implementation, interpret):
     return _move(k_buffer, v_buffer, tgt, src, span=span, paged=paged, config=config, impl=implementation,
-                 interpret=interpret)
+                 interpret=interpret, ordered=ordered)
 
 
-_MOVE = KernelOp("move_kv_cache", _move_impl, static=("span", "paged", "config"), donate=(0, 1),
+_MOVE = KernelOp("move_kv_cache", _move_impl, static=("span", "paged", "config", "ordered"), donate=(0, 1),
                  checks=_move_checks, unchanged=_unchanged)
 
 
@@ -376,8 +445,10 @@ def move_kv_cache(
     locations are slot ids (``page * G + offset``). ``span``: pairs per independent program group (see the
     module docstring; ``None`` = one group, safe for any read-before-write-in-index-order pattern such as
     SGLang's packed accept move). Pairs with a slot outside ``[0, X)`` are dropped. Concrete pair lists are
-    padded to a power of two with dropped pairs (one executable per bucket, not per count). Checked mode: slots in
-    range, and the hazard rule of ``dynamic_validate_move`` (O(n^2), debug only), checked before the move.
+    padded to a power of two with dropped pairs (one executable per bucket, not per count). A Pallas move of
+    pairs the kernel cannot order (module docstring) is refused for host pairs (``ValueError``) and runs
+    the reference for traced ones. Checked mode: slots in range, and the hazard rule of
+    ``dynamic_validate_move``, checked before the move (a failure writes nothing).
     """
     _check_pool(k_buffer, v_buffer, paged)
     tgt = index_array("tgt_loc", tgt_loc, (None,))
@@ -386,9 +457,17 @@ def move_kv_cache(
         static_int("span", span, 1)
     impl = _MOVE.resolve(implementation, interpret)
     _check_equal_rows(k_buffer, v_buffer, paged, impl)
+    # Checked mode checks the order rule before the move (and writes nothing when it fails); otherwise host pairs
+    # are checked here and traced ones in the program (``_move``'s ``ordered=False``).
+    ordered = impl != "reference" and (checks_enabled() or not has_tracer((tgt, src)))
+    if ordered and not checks_enabled():
+        reason = unordered_pair_error(tgt, src, _check_pool(k_buffer, v_buffer, paged), span=span, config=config)
+        if reason is not None:
+            raise ValueError(f"tgt_loc/src_loc: the Pallas move would differ from the parallel assignment: "
+                             f"{reason}; reorder the pairs or use implementation='reference'")
     tgt, src = _bucket_pairs(tgt, src)
-    return _MOVE(k_buffer, v_buffer, tgt, src, span=span, paged=bool(paged), config=config, implementation=impl,
-                 interpret=interpret)
+    return _MOVE(k_buffer, v_buffer, tgt, src, span=span, paged=bool(paged), config=config, ordered=ordered,
+                 implementation=impl, interpret=interpret)
 
 
 def _aligned_accept_pairs(accept_index, accept_lens, out_cache_loc, width):
@@ -507,4 +586,6 @@ __all__ = [
     "move_hazards",
     "move_kv_cache",
     "move_kv_cache_reference",
+    "run_span",
+    "unordered_pair_error",
 ]

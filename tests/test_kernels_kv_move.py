@@ -5,10 +5,13 @@ Pools are built from integer iotas bit-cast to bf16/f32 (every element distinct 
 "unchanged" is a bit-exact statement; every slot outside the target set must stay bit-identical.
 """
 
+import functools
 import re
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 import jax
 import jax.numpy as jnp
 from jax.experimental import checkify
@@ -284,3 +287,91 @@ def test_move_lowers_through_triton():
             assert "xla.gpu.triton" in txt
     finally:
         mlir.register_lowering(pallas_call.pallas_call_p, pallas_call._pallas_call_lowering, platform="cpu")
+
+
+# ----------------------------------------------------------------------------------------------------
+# every pair list: the Pallas move equals the parallel assignment, or is refused (host pairs) / falls back
+# to the reference in the program (traced pairs)
+# ----------------------------------------------------------------------------------------------------
+
+_SLOTS = 16
+
+
+def _brute_problems(tgt, src, rows, span, num_slots):
+    """O(n^2) statement of the order rule: live pair i (both slots in range) is a problem when its target is
+    written from another source, or when it is active (moves something), reads a slot that another active
+    pair j overwrites, and j sits in another span or an earlier chunk."""
+    n = tgt.shape[0]
+    i = np.arange(n)
+    live = (tgt >= 0) & (tgt < num_slots) & (src >= 0) & (src < num_slots)
+    active = live & (tgt != src)
+    dup = (live[:, None] & live[None, :] & (tgt[:, None] == tgt[None, :]) & (src[:, None] != src[None, :])).any(1)
+    reads = active[:, None] & active[None, :] & (src[:, None] == tgt[None, :])
+    early = ((i[:, None] // span) != (i[None, :] // span)) | ((i[None, :] // rows) < (i[:, None] // rows))
+    return dup | (reads & early).any(1)
+
+
+# 8 or 16 pairs (two executables per config) over slots -1..8 (and 9: one past the pool), so that pairs collide
+_pair_lists = st.sampled_from([8, 16]).flatmap(lambda n: st.tuples(
+    st.lists(st.tuples(st.integers(-1, 9), st.integers(-1, 9)), min_size=n, max_size=n),
+    st.sampled_from([1, 2, 4]), st.sampled_from([None, 1])))
+
+
+@settings(max_examples=60)
+@given(case=_pair_lists)
+def test_move_equals_the_parallel_assignment_or_is_refused(case):
+    """Random pair lists, hazards of every kind (swaps and chains across chunks and spans, duplicate targets,
+    self-copies, out-of-range slots): the O(n log n) order rule equals its O(n^2) statement; host pairs the
+    Pallas move accepts give the parallel assignment bit for bit, the others are refused naming a pair; the
+    same pairs traced inside jit give the reference's result in every case."""
+    pairs, rows, span_mult = case
+    tgt = np.array([t for t, _ in pairs], np.int32)
+    src = np.array([s for _, s in pairs], np.int32)
+    tgt[tgt == 9], src[src == 9] = _SLOTS + 3, _SLOTS + 5  # some slots out of range: dropped
+    config = M.MoveConfig(rows=rows)
+    span = None if span_mult is None else span_mult * rows
+    sp = M.run_span(len(pairs), span, rows)
+    np.testing.assert_array_equal(M.move_hazards(tgt, src, rows=rows, span=sp, num_slots=_SLOTS),
+                                  _brute_problems(tgt, src, rows, sp, _SLOTS), err_msg=f"{tgt=} {src=}")
+    shape = (2, _SLOTS, 1, 4)
+    kb = bits(make_pool(shape, jnp.float32, 0))
+    live = (tgt >= 0) & (tgt < _SLOTS) & (src >= 0) & (src < _SLOTS)
+    kw = dict(span=span, config=config, implementation="pallas", interpret=True)
+    if M.unordered_pair_error(tgt, src, _SLOTS, span=span, config=config) is None:
+        out = M.move_kv_cache(make_pool(shape, jnp.float32, 0), make_pool(shape, jnp.float32, 7), tgt, src, **kw)
+        np.testing.assert_array_equal(bits(out.k_buffer), np_move(kb, tgt[live], src[live], False),
+                                      err_msg=f"{tgt=} {src=} {rows=} {span=}")
+    else:
+        with pytest.raises(ValueError, match=r"would differ from the parallel assignment: .*pairs? \d+"):
+            M.move_kv_cache(make_pool(shape, jnp.float32, 0), make_pool(shape, jnp.float32, 7), tgt, src, **kw)
+    ref = M.move_kv_cache(make_pool(shape, jnp.float32, 0), make_pool(shape, jnp.float32, 7), tgt, src,
+                          implementation="reference")
+    traced = _traced_move(span, config)(make_pool(shape, jnp.float32, 0), make_pool(shape, jnp.float32, 7),
+                                        jnp.asarray(tgt), jnp.asarray(src))
+    np.testing.assert_array_equal(bits(traced.k_buffer), bits(ref.k_buffer), err_msg=f"{tgt=} {src=} {rows=} {span=}")
+    np.testing.assert_array_equal(bits(traced.v_buffer), bits(ref.v_buffer))
+
+
+@functools.lru_cache(maxsize=None)
+def _traced_move(span, config):
+    return jax.jit(lambda k, v, t, s: M.move_kv_cache(k, v, t, s, span=span, config=config, implementation="pallas",
+                                                       interpret=True))
+
+
+def test_swap_across_chunks_is_refused_on_the_host_and_reordered_in_a_trace():
+    """A swap (1 <- 2, 2 <- 1) in two chunks cannot be done in place in index order: host pairs are refused,
+    traced pairs run the reference; in one chunk the kernel gathers both rows first and does it."""
+    shape = (1, _SLOTS, 1, 4)
+    tgt, src = np.array([1, 2], np.int32), np.array([2, 1], np.int32)
+    with pytest.raises(ValueError, match=r"pair 1 \(2 <- 1\) reads slot 1, which pair 0 \(1 <- 2\) overwrites in an "
+                                         r"earlier chunk"):
+        M.move_kv_cache(make_pool(shape, jnp.float32, 0), make_pool(shape, jnp.float32, 1), tgt, src,
+                        config=M.MoveConfig(rows=1), implementation="pallas", interpret=True)
+    kb = bits(make_pool(shape, jnp.float32, 0))
+    want = np_move(kb, tgt, src, False)
+    traced = _traced_move(None, M.MoveConfig(rows=1))(make_pool(shape, jnp.float32, 0),
+                                                      make_pool(shape, jnp.float32, 1), jnp.asarray(tgt), jnp.asarray(src))
+    np.testing.assert_array_equal(bits(traced.k_buffer), want)
+    out = M.move_kv_cache(make_pool(shape, jnp.float32, 0), make_pool(shape, jnp.float32, 1), tgt, src,
+                          config=M.MoveConfig(rows=2), implementation="pallas", interpret=True)
+    np.testing.assert_array_equal(bits(out.k_buffer), want)
