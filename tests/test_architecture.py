@@ -1,150 +1,290 @@
-"""The layering of shared/docs/architecture.md, checked on the source (imports of every module)."""
+"""The package's layering, checked on the source: the imports of every module of the package as pyproject.toml
+maps it onto the folders (``jaxspec/``, and ``kernels/`` / ``interop/`` as ``jaxspec.kernels`` /
+``jaxspec.interop``), lazy function-level imports included.
+
+Layers, bottom up: the kernels (``jaxspec.kernels``, needing nothing else of the package), the core (every other
+``jaxspec`` module: ops, models, engine, ...), the interop layer on top (the only one that may import torch,
+triton or transformers). No module imports a module of a higher layer, and no modules import each other in a
+circle. Each rule is a function of the sources, run on the real tree and on a copy with a planted violation
+(each rule must catch its violation).
+"""
 
 import ast
+import functools
+import tomllib
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+KERNELS, INTEROP = "jaxspec.kernels", "jaxspec.interop"
+INTEROP_ONLY = ("torch", "triton", "transformers")  # third-party packages only the interop layer may import
 
-# layer folder -> import prefixes it must never use
+
+def _in(mod: str, pkg: str) -> bool:
+    return mod == pkg or mod.startswith(pkg + ".")
+
+
+# ----------------------------------------------------------------------------------------------------
+# the package as installed: module name -> (path relative to the root, source)
+
+
+def package_sources(root: Path = ROOT) -> dict[str, tuple[str, str]]:
+    """Every module of the packages pyproject.toml lists, found through its ``package-dir`` mapping."""
+    cfg = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]
+    mapping = cfg.get("package-dir", {})
+    out = {}
+    for pkg in cfg["packages"]:
+        folder = root / mapping.get(pkg, pkg.replace(".", "/"))
+        for f in sorted(folder.glob("*.py")):
+            name = pkg if f.stem == "__init__" else f"{pkg}.{f.stem}"
+            out[name] = (str(f.relative_to(root)), f.read_text())
+    return out
+
+
+@functools.lru_cache(maxsize=None)
+def _parse(text: str) -> ast.Module:
+    return ast.parse(text)
+
+
+def imports(name: str, sources) -> list[tuple[int, str]]:
+    """``(line, module)`` for every import in module ``name`` (anywhere in the file); relative imports resolved,
+    ``from a import b`` counted as ``a.b`` (for the package: when that is a module of it, else as ``a``)."""
+    path, text = sources[name]
+    is_pkg = path.endswith("__init__.py")
+    out = []
+    for node in ast.walk(_parse(text)):
+        if isinstance(node, ast.Import):
+            out += [(node.lineno, a.name) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            mod = node.module or ""
+            if node.level:
+                base = name if is_pkg else name.rsplit(".", 1)[0]
+                for _ in range(node.level - 1):
+                    base = base.rsplit(".", 1)[0]
+                mod = f"{base}.{mod}" if mod else base
+            for a in node.names:  # a package module, or its package; outside the package the full name
+                full = f"{mod}.{a.name}"
+                out.append((node.lineno, full if full in sources or not _in(mod, "jaxspec") else mod))
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------
+# the rules: each returns its violations (empty: the rule holds)
+
+
+def layer(mod: str) -> int:
+    """0 kernels, 1 core, 2 interop (for modules of the package)."""
+    return 0 if _in(mod, KERNELS) else 2 if _in(mod, INTEROP) else 1
+
+
+def layer_violations(sources) -> list[str]:
+    """An import of a higher layer's module (kernels -> core or interop, core -> interop), or of torch / triton /
+    transformers outside the interop layer."""
+    bad = []
+    for name, (path, _) in sorted(sources.items()):
+        for line, mod in imports(name, sources):
+            if _in(mod, "jaxspec") and layer(mod) > layer(name):
+                bad.append(f"{path}:{line} ({name}) imports {mod}, a layer above it")
+            if layer(name) < 2 and any(_in(mod, p) for p in INTEROP_ONLY):
+                bad.append(f"{path}:{line} imports {mod} outside jaxspec.interop")
+    return bad
+
+
+def import_graph(sources) -> dict[str, set[str]]:
+    return {n: {m for _, m in imports(n, sources) if m in sources and m != n} for n in sources}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), each sorted."""
+    index, low, stack, on, out = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return sorted(out)
+
+
+def cycle_violations(sources) -> list[str]:
+    return [" <-> ".join(c) for c in cycles(import_graph(sources))]
+
+
+# folder -> package prefixes it must never import, on top of the layer rule
 FORBIDDEN = {
-    "jaxspec/ops": ("jaxspec.interop", "jaxspec.engine", "jaxspec.models", "torch", "triton"),
-    "kernels": ("jaxspec.interop", "jaxspec.engine", "jaxspec.models", "jaxspec.ops", "torch", "triton"),
-    "jaxspec/models": ("jaxspec.interop", "jaxspec.engine", "torch", "triton"),
-    "jaxspec/engine": ("jaxspec.interop", "torch", "triton"),
+    "jaxspec.ops": ("jaxspec.engine", "jaxspec.models"),
+    "jaxspec.models": ("jaxspec.engine",),
+    "jaxspec.engine": ("jaxspec.models",),  # the engine knows the protocols, never a concrete model
+    "jaxspec.round": ("jaxspec.models",),
+    "jaxspec.protocols": ("jaxspec.models", "jaxspec.engine", "jaxspec.round", "jaxspec.ops"),
 }
 
 
-def _imports(path: Path):
-    tree = ast.parse(path.read_text())
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            for a in node.names:
-                yield node.lineno, a.name
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            yield node.lineno, node.module
-
-
-@pytest.mark.parametrize("layer", sorted(FORBIDDEN))
-def test_layer_imports(layer):
-    files = sorted((ROOT / layer).glob("*.py"))
-    assert files, layer
-    bad = [
-        f"{f.relative_to(ROOT)}:{line} imports {mod}"
-        for f in files
-        for line, mod in _imports(f)
-        if any(mod == p or mod.startswith(p + ".") for p in FORBIDDEN[layer])
-    ]
-    assert not bad, "\n".join(bad)
+def forbidden_violations(sources) -> list[str]:
+    bad = []
+    for name, (path, _) in sorted(sources.items()):
+        for owner, banned in FORBIDDEN.items():
+            if _in(name, owner):
+                bad += [f"{path}:{line} imports {mod}" for line, mod in imports(name, sources)
+                        if any(_in(mod, p) for p in banned)]
+    return bad
 
 
 # backend module -> the one Pallas lowering it may import (kernels/_backend.py resolves among them)
-BACKEND_MODULES = {"_triton.py": "jax.experimental.pallas.triton", "_mosaic_gpu.py": "jax.experimental.pallas.mosaic_gpu"}
-# The one private import allowed in kernels/: the Mosaic GPU interpreter's parameters have no public export in
-# jax 0.10 / 0.11 (jax.experimental.pallas.tpu re-exports the TPU twin only). Guarded there by ImportError.
-PRIVATE_ALLOWED = {("_mosaic_gpu.py", "jax._src.pallas.mosaic_gpu.interpret.params")}
+BACKEND_MODULES = {"jaxspec.kernels._triton": "jax.experimental.pallas.triton",
+                   "jaxspec.kernels._mosaic_gpu": "jax.experimental.pallas.mosaic_gpu"}
+# The one private import allowed: the Mosaic GPU interpreter's parameters have no public export in jax 0.10 /
+# 0.11 (jax.experimental.pallas.tpu re-exports the TPU twin only). Guarded there by ImportError.
+PRIVATE_ALLOWED = {("jaxspec.kernels._mosaic_gpu", "jax._src.pallas.mosaic_gpu.interpret.params")}
 
 
-def test_backend_imports_live_in_backend_modules():
-    """Each Pallas lowering (triton / mosaic_gpu) is imported by its own backend module only."""
+def backend_violations(sources) -> list[str]:
+    """A Pallas lowering imported (or named in an importlib string) outside its own backend module, or a private
+    ``jax._src`` import anywhere in the package."""
     lowerings = tuple(BACKEND_MODULES.values())
     bad = []
-    for f in sorted((ROOT / "kernels").glob("*.py")):
-        text = f.read_text()
-        for line, mod in _imports(f):
-            if (mod.startswith("jax._src") and (f.name, mod) not in PRIVATE_ALLOWED) or (mod.startswith(lowerings) and not mod.startswith(BACKEND_MODULES.get(f.name, "-"))):
-                bad.append(f"{f.name}:{line} imports {mod}")
+    for name, (path, text) in sorted(sources.items()):
+        for line, mod in imports(name, sources):
+            if _in(mod, "jax._src") and not any(name == n and _in(mod, m) for n, m in PRIVATE_ALLOWED):
+                bad.append(f"{path}:{line} imports private {mod}")
+            elif any(_in(mod, low) for low in lowerings) and not _in(mod, BACKEND_MODULES.get(name, "-")):
+                bad.append(f"{path}:{line} imports {mod} outside its backend module")
         for low in lowerings:  # importlib strings count too
-            if f'"{low}"' in text and BACKEND_MODULES.get(f.name) != low:
-                bad.append(f"{f.name} names {low}")
-    assert not bad, "\n".join(bad)
+            if f'"{low}"' in text and BACKEND_MODULES.get(name) != low:
+                bad.append(f"{path} names {low}")
+    return bad
 
 
-def test_no_private_jax_in_library():
+def interop_style_violations(sources) -> list[str]:
+    """In the interop layer: no module-level import after code, and no private (underscore) name of another
+    jaxspec module, imported or read as an attribute of an imported interop module."""
     bad = []
-    for folder in ("jaxspec", "kernels", "interop"):
-        for f in sorted((ROOT / folder).rglob("*.py")):
-            for line, mod in _imports(f):
-                if mod.startswith("jax._src") and (f.name, mod) not in PRIVATE_ALLOWED:
-                    bad.append(f"{f.relative_to(ROOT)}:{line} imports {mod}")
-    assert not bad, "\n".join(bad)
-
-
-def _interop_graph() -> dict[str, set[str]]:
-    """interop module -> the interop modules it imports (anywhere in the file, lazy imports included)."""
-    mods = {f.stem: f for f in sorted((ROOT / "interop").glob("*.py")) if f.stem != "__init__"}
-    graph = {}
-    for name, f in mods.items():
-        deps = set()
-        for node in ast.walk(ast.parse(f.read_text())):
-            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                if node.module == "jaxspec.interop":
-                    deps |= {a.name for a in node.names if a.name in mods}
-                elif node.module.startswith("jaxspec.interop."):
-                    deps.add(node.module.split(".")[2])
-            elif isinstance(node, ast.Import):
-                deps |= {a.name.split(".")[2] for a in node.names if a.name.startswith("jaxspec.interop.")}
-        graph[name] = deps - {name}
-    return graph
-
-
-def test_interop_has_no_import_circle():
-    """E.g. harness -> ops_spec -> harness: op definitions import the registry, the harness reads it."""
-    graph, cycles = _interop_graph(), []
-
-    def visit(node, path):
-        for dep in sorted(graph.get(node, ())):
-            if dep in path:
-                cycles.append(" -> ".join(path[path.index(dep):] + [dep]))
-            elif dep not in done:
-                visit(dep, path + [dep])
-        done.add(node)
-
-    done: set[str] = set()
-    for start in sorted(graph):
-        visit(start, [start])
-    assert not cycles, "\n".join(sorted(set(cycles)))
-    assert "registry" in graph["ops_spec"] and "harness" not in graph["ops_spec"] | graph["ops_kernels"]
-
-
-def test_interop_imports_are_at_the_top_and_public():
-    """No bottom-of-file imports, and no private (underscore) name imported from another jaxspec module."""
-    bad = []
-    for f in sorted((ROOT / "interop").glob("*.py")):
-        tree = ast.parse(f.read_text())
+    for name, (path, text) in sorted(sources.items()):
+        if not _in(name, INTEROP):
+            continue
+        tree = _parse(text)
+        interop_mods = {m.rsplit(".", 1)[1] for m in sources if _in(m, INTEROP) and m != INTEROP}
         seen_code = False
         for node in tree.body:
             is_import = isinstance(node, (ast.Import, ast.ImportFrom))
             is_doc = isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
             if is_import and seen_code:
-                bad.append(f"{f.name}:{node.lineno} module-level import after code")
+                bad.append(f"{path}:{node.lineno} module-level import after code")
             seen_code = seen_code or not (is_import or is_doc)
         for node in ast.walk(tree):
             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("jaxspec"):
-                bad += [f"{f.name}:{node.lineno} imports private {node.module}.{a.name}"
+                bad += [f"{path}:{node.lineno} imports private {node.module}.{a.name}"
                         for a in node.names if a.name.startswith("_")]
             if (isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__")
-                    and isinstance(node.value, ast.Name) and node.value.id in {"originals", "harness", "registry",
-                                                                               "pins", "fetch", "ops_spec",
-                                                                               "ops_kernels", "dlpack"}):
-                bad.append(f"{f.name}:{node.lineno} uses private {node.value.id}.{node.attr}")
-def test_engine_and_round_import_no_concrete_model():
-    """The engine and the speculative round know the protocols, never a concrete model (architecture.md):
-    no import of ``jaxspec.models`` from ``jaxspec/engine`` or ``jaxspec/round.py``."""
-    files = sorted((ROOT / "jaxspec/engine").glob("*.py")) + [ROOT / "jaxspec/round.py"]
-    bad = [
-        f"{f.relative_to(ROOT)}:{line} imports {mod}"
-        for f in files
-        for line, mod in _imports(f)
-        if mod == "jaxspec.models" or mod.startswith("jaxspec.models.")
-    ]
+                    and isinstance(node.value, ast.Name) and node.value.id in interop_mods):
+                bad.append(f"{path}:{node.lineno} uses private {node.value.id}.{node.attr}")
+    return bad
+
+
+RULES = {"layers": layer_violations, "cycles": cycle_violations, "forbidden": forbidden_violations,
+         "backends": backend_violations, "interop_style": interop_style_violations}
+
+
+# ----------------------------------------------------------------------------------------------------
+# the real tree
+
+
+@pytest.fixture(scope="module")
+def sources():
+    return package_sources()
+
+
+def test_the_mapping_finds_every_layer(sources):
+    """pyproject's package-dir puts kernels/ and interop/ inside the package: their modules are found under
+    jaxspec.kernels / jaxspec.interop, from their own folders."""
+    assert sources[KERNELS][0] == "kernels/__init__.py" and sources[INTEROP][0] == "interop/__init__.py"
+    assert sources["jaxspec.kernels.paged_attention"][0] == "kernels/paged_attention.py"
+    assert sources["jaxspec.interop.harness"][0] == "interop/harness.py"
+    assert "jaxspec.engine.engine" in sources and "jaxspec.ops.verify" in sources
+
+
+@pytest.mark.parametrize("rule", sorted(RULES))
+def test_rule_holds_on_the_tree(rule, sources):
+    bad = RULES[rule](sources)
     assert not bad, "\n".join(bad)
 
 
-def test_protocols_sit_below_models_and_engine():
-    """``jaxspec.protocols`` imports neither models, engine, round nor ops (both sides import it)."""
-    banned = ("jaxspec.models", "jaxspec.engine", "jaxspec.round", "jaxspec.ops", "jaxspec.interop", "torch", "triton")
-    bad = [f"protocols.py:{line} imports {mod}" for line, mod in _imports(ROOT / "jaxspec/protocols.py")
-           if any(mod == p or mod.startswith(p + ".") for p in banned)]
-    assert not bad, "\n".join(bad)
+def test_interop_has_no_import_circle_and_the_registry_sits_below_the_harness(sources):
+    """Op definitions import the registry, the harness reads it (harness -> ops_spec -> harness was a circle)."""
+    graph = import_graph(sources)
+    assert f"{INTEROP}.registry" in graph[f"{INTEROP}.ops_spec"]
+    assert f"{INTEROP}.harness" not in graph[f"{INTEROP}.ops_spec"] | graph[f"{INTEROP}.ops_kernels"]
+
+
+# ----------------------------------------------------------------------------------------------------
+# each rule catches a planted violation (in a copy of the real sources)
+
+
+def _plant(sources, name, line, path=None):
+    """The sources with ``line`` appended to module ``name`` (a new module when it does not exist)."""
+    out = dict(sources)
+    old_path, text = out.get(name, (path, '"""planted"""\n'))
+    out[name] = (old_path, text + "\n" + line + "\n")
+    return out
+
+
+PLANTED = [  # (rule, module, planted source, what the violation names)
+    ("layers", "jaxspec.kernels.cache_locs", "from jaxspec import _validate", "a layer above it"),
+    ("layers", "jaxspec.kernels.kv_move", "def f():\n    from jaxspec.ops import verify", "a layer above it"),
+    ("layers", "jaxspec.engine.engine", "from jaxspec.interop import harness", "a layer above it"),
+    ("layers", "jaxspec.models.decoder", "import torch", "outside jaxspec.interop"),
+    ("layers", "jaxspec.kernels._triton", "import triton.language as tl", "outside jaxspec.interop"),
+    ("cycles", "jaxspec.kernels._attention_parts", "from jaxspec.kernels import paged_attention",
+     "jaxspec.kernels._attention_parts <-> jaxspec.kernels.paged_attention"),
+    ("cycles", "jaxspec.kernels._validate", "def f():\n    from . import _dispatch", "jaxspec.kernels._dispatch"),
+    ("cycles", "jaxspec.interop.registry", "from jaxspec.interop import harness", "jaxspec.interop.harness"),
+    ("forbidden", "jaxspec.engine.engine", "from jaxspec.models import decoder", "jaxspec.models.decoder"),
+    ("forbidden", "jaxspec.protocols", "import jaxspec.ops.tree", "jaxspec.ops.tree"),
+    ("forbidden", "jaxspec.ops.verify", "from jaxspec.engine import engine", "jaxspec.engine.engine"),
+    ("backends", "jaxspec.kernels.cache_locs", "from jax.experimental.pallas import triton as plt",
+     "outside its backend module"),
+    ("backends", "jaxspec.kernels.kv_move", 'X = "jax.experimental.pallas.mosaic_gpu"', "names"),
+    ("backends", "jaxspec.ops.tree", "from jax._src import core", "imports private jax._src"),
+    ("interop_style", "jaxspec.interop.harness", "X = 1\nimport os", "module-level import after code"),
+    ("interop_style", "jaxspec.interop.check", "from jaxspec.kernels.kv_move import _move", "imports private"),
+    ("interop_style", "jaxspec.interop.check", "Y = registry._OPS", "uses private registry._OPS"),
+]
+
+
+@pytest.mark.parametrize("rule,name,line,names", PLANTED, ids=[f"{r}-{n}" for r, n, *_ in PLANTED])
+def test_rule_catches_a_planted_violation(rule, name, line, names, sources):
+    assert name in sources, name
+    bad = RULES[rule](_plant(sources, name, line))
+    assert bad and any(names in b for b in bad), bad
+
+
+def test_a_new_module_is_checked_too(sources):
+    """A module added to kernels/ is part of the package (and of the rules) as soon as it exists."""
+    planted = _plant(sources, "jaxspec.kernels._new", "from jaxspec.models import decoder", path="kernels/_new.py")
+    assert any(b.startswith("kernels/_new.py:") for b in layer_violations(planted))
+
+
+def test_cycles_finds_every_circle():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a", "e"}, "e": {"d"}, "f": set(), "g": {"g"}}
+    assert cycles(graph) == [["a", "b", "c"], ["d", "e"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
