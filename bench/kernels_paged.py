@@ -1,4 +1,4 @@
-"""Benchmark cases: TokenSpeed paged cache-location kernels and the seed MTP helpers, Pallas vs jnp reference.
+"""Benchmark cases: TokenSpeed paged cache-location kernels and the MTP helpers (SGLang 0.5.12), Pallas vs jnp reference.
 
 ``CASES`` is a list of callables ``case(args) -> list[dict]`` (``bench/kernels.py`` imports it and prints
 the table). Every case first checks the Pallas kernel against its reference on the same inputs (exact; a

@@ -1,5 +1,5 @@
 """Side-by-side op definitions: the kernels (SGLang cache locations and KV move, TokenSpeed paged
-cache locations, the seed MTP helpers).
+cache locations, the MTP helpers of SGLang 0.5.12).
 
 Each op registers an ``OpDef`` (input generator, original runner, jaxspec runner, configs) with the harness."""
 
@@ -84,7 +84,7 @@ def _gen_kv_move(rng, c):
     idx, lens = random_accept_index(rng, b, a, n)
     windows = rng.choice(np.arange(1, x), size=(b, n), replace=False)  # slot 0 is the dummy slot
     tgt, src = [], []
-    for r in range(b):  # spec-accept move: accepted node a_k -> window slot k (ops-spec §10)
+    for r in range(b):  # spec-accept move: accepted node a_k -> window slot k (docs/ops.md, "move_accept_tokens_to_target_kvcache")
         nodes = idx[r, : lens[r]] - r * n
         tgt += list(windows[r, : lens[r]])
         src += list(windows[r, nodes])

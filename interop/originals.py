@@ -107,14 +107,14 @@ ORIGINALS: dict[str, Original] = {
     "fill_accept_out_cache_loc": _o(SGLANG, f"{_SPEC}/eagle.py", "fill_accept_out_cache_loc", "triton"),
     # jaxspec.kernels.kv_move
     "move_kv_cache": _o(SGLANG, "sglang/kernels/ops/kvcache/cache_move.py", "copy_all_layer_kv_cache_tiled", "triton"),
-    # jaxspec.kernels.multi_layer_eagle (seed MTP helpers, sglang 0.5.12)
+    # jaxspec.kernels.multi_layer_eagle (MTP helpers, sglang 0.5.12)
     "rotate_input_ids": _o(SGLANG_MTP, "sglang/srt/speculative/multi_layer_eagle_utils.py", "rotate_input_ids_triton", "host"),
     "assign_hidden_states_pool": _o(
         SGLANG_MTP, "sglang/srt/speculative/multi_layer_eagle_utils.py", "assign_hidden_states_pool_triton", "host"
     ),
     # the 0.5.23 successor of rotate_input_ids_triton (same kernel body), compared as a second original
     "rotate_input_ids@sglang-0.5.23": _o(SGLANG, f"{_SPEC}/multi_layer_eagle.py", "rotate_input_ids", "host"),
-    # jaxspec.kernels.paged_cache_locs (TokenSpeed 0.1.0 == the seed file)
+    # jaxspec.kernels.paged_cache_locs (TokenSpeed 0.1.0)
     "update_req_to_page": _o(TOKENSPEED, "tokenspeed/runtime/execution/cache_loc_kernel.py", "update_req_to_page", "host"),
     "compute_out_cache_loc": _o(
         TOKENSPEED, "tokenspeed/runtime/execution/cache_loc_kernel.py", "compute_out_cache_loc", "host"

@@ -27,7 +27,7 @@ __all__ = [
 ]
 
 SGLANG = ("sglang", "0.5.23")
-SGLANG_MTP = ("sglang", "0.5.12")  # last release with the seed MTP helpers (multi_layer_eagle_utils.py)
+SGLANG_MTP = ("sglang", "0.5.12")  # last release with the MTP helpers (multi_layer_eagle_utils.py)
 TOKENSPEED = ("tokenspeed", "0.1.0")  # 0.1.1 dropped half of cache_loc_kernel.py
 FLASHINFER = ("flashinfer-python", "0.7.2")
 TVM_FFI = ("apache-tvm-ffi", "0.1.11")

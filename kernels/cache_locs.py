@@ -1,6 +1,7 @@
 """SGLang 0.5.23 ``assign_extend_cache_locs`` (+ uniform, ``fill_front_out_cache_loc``,
 ``assign_draft_cache_locs_contiguous``) from ``python/sglang/kernels/ops/speculative/cache_locs.py`` and
-``fill_accept_out_cache_loc`` from ``python/sglang/kernels/ops/speculative/eagle.py`` (ops-spec §8, §9, §14).
+``fill_accept_out_cache_loc`` from ``python/sglang/kernels/ops/speculative/eagle.py`` (docs/ops.md: "assign_extend_cache_locs", "fill_accept_out_cache_loc",
+"assign_draft_cache_locs").
 
 All location outputs are int32 (SGLang uses int64 buffers; the values are identical). Output buffers are
 allocated here (no caller ``out`` tensors); packed ragged outputs have a zero tail (dummy KV slot 0).

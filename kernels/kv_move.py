@@ -1,7 +1,7 @@
 """SGLang 0.5.23 ``MHATokenToKVPool.move_kv_cache`` / ``copy_all_layer_kv_cache_tiled``
 (``python/sglang/srt/mem_cache/memory_pool.py``, ``python/sglang/kernels/ops/kvcache/cache_move.py``) and
 ``move_accept_tokens_to_target_kvcache`` + ``_compact_accept_to_front``
-(``python/sglang/srt/speculative/spec_utils.py``, ``eagle_worker_common.py``); ops-spec §10.
+(``python/sglang/srt/speculative/spec_utils.py``, ``eagle_worker_common.py``); docs/ops.md, "move_accept_tokens_to_target_kvcache".
 
 Pool layout: all layers stacked, ``k_buffer`` / ``v_buffer`` of shape ``(L, X, H, E)`` (slots ``X``, any
 trailing feature dims, any dtype; bf16 typical), or the paged ``(L, X/G, G, Hkv, E)`` with ``paged=True``:

@@ -1,5 +1,5 @@
 """SGLang 0.5.12 ``python/sglang/srt/speculative/multi_layer_eagle_utils.py``: ``rotate_input_ids_triton``,
-``assign_hidden_states_pool_triton`` (seed MTP helpers; ops-spec §11, §12).
+``assign_hidden_states_pool_triton`` (MTP helpers; docs/ops.md, "rotate_input_ids" and "assign_hidden_states_pool").
 
 ``rotate_input_ids`` is unchanged in 0.5.23 (``python/sglang/kernels/ops/speculative/multi_layer_eagle.py``);
 ``assign_hidden_states_pool`` was removed there. Both upstream kernels update a buffer in place; here they
@@ -286,7 +286,7 @@ def assign_hidden_states_pool(
     implementation: Implementation = "auto",
     interpret: bool = False,
 ) -> Shaped[Array, "R S1 H"]:
-    """Seed MTP hidden-state pool update (jitted; the pool is donated): returns the new pool.
+    """MTP hidden-state pool update (jitted; the pool is donated): returns the new pool.
 
     ``pool[req_pool_indices[b], i, :] = hidden_states[end_b - S1 + i, :]`` for ``i < S1``, where
     ``S1 = S - 1 = pool.shape[1]`` (upstream's ``pool_size``; ``S1 == 0`` is a no-op) and

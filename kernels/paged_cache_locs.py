@@ -1,6 +1,6 @@
-"""TokenSpeed 0.1.0 ``python/tokenspeed/runtime/execution/cache_loc_kernel.py`` (the seed file, commit f1c89a6e).
+"""TokenSpeed 0.1.0 ``python/tokenspeed/runtime/execution/cache_loc_kernel.py`` (commit f1c89a6e).
 
-Paged cache-location kernels (ops-spec §16): ``update_req_to_page`` (+ the host wrapper
+Paged cache-location kernels (docs/ops.md, "paged_cache_locs"): ``update_req_to_page`` (+ the host wrapper
 ``update_block_table``), ``compute_out_cache_loc`` (ragged), ``compute_out_cache_loc_uniform`` and
 ``fused_decode_input_prep``, each as a pure-jnp ``<op>_reference`` and a Pallas (Triton-lowering) kernel
 behind one public function with ``implementation=`` (``_backend.Implementation``).
@@ -101,7 +101,7 @@ def update_req_to_page_reference(
     new_occupied_pages_num: Int32[Array, "B"],
     pages_copy_starts: Int32[Array, "B"],
 ) -> Int32[Array, "R M"]:
-    """``req_to_page[pool[i], start[i] + k] = pages[off[i] + k]`` for ``k < num[i]`` (ops-spec §16.1).
+    """``req_to_page[pool[i], start[i] + k] = pages[off[i] + k]`` for ``k < num[i]`` (docs/ops.md, "update_req_to_page").
 
     ``off`` is the exclusive prefix sum of ``num``; ``new_occupied_pages`` is a padded buffer whose entries
     past ``sum(num)`` are ignored.
@@ -136,7 +136,7 @@ def compute_out_cache_loc_reference(
     out_size: int,
 ) -> Int32[Array, "T"]:
     """Ragged locations: request ``r``'s ``input_lengths[r]`` tokens start at the exclusive prefix of the
-    lengths; token ``k`` sits at position ``cache_start[r] + k`` (ops-spec §16.2). Entries past
+    lengths; token ``k`` sits at position ``cache_start[r] + k`` (docs/ops.md, "compute_out_cache_loc"). Entries past
     ``sum(input_lengths)`` are 0 (the dummy slot)."""
     batch = req_pool_indices.shape[0]
     if batch == 0 or out_size == 0:
@@ -164,7 +164,7 @@ def compute_out_cache_loc_uniform_reference(
     page_size: int,
     uniform_input_length: int,
 ) -> Int32[Array, "T"]:
-    """Uniform locations: ``out[b*U + k] = loc(cache_start[b] + k)`` for ``k < U`` (ops-spec §16.2)."""
+    """Uniform locations: ``out[b*U + k] = loc(cache_start[b] + k)`` for ``k < U`` (docs/ops.md, "compute_out_cache_loc")."""
     num_rows, max_pages = req_to_pages.shape
     k = jnp.arange(uniform_input_length, dtype=jnp.int32)[None, :]
     pos = cache_start[:, None] + k
@@ -191,7 +191,7 @@ def fused_decode_input_prep_reference(
     page_size: int,
     uniform_input_length: int,
 ) -> DecodeInputs:
-    """Decode-uniform input prep (ops-spec §16.3, seed): one read of ``valid_cache_lengths[pool]`` feeds
+    """Decode-uniform input prep (docs/ops.md, "fused_decode_input_prep"): one read of ``valid_cache_lengths[pool]`` feeds
     ``seq_lens``, ``positions`` and ``out_cache_loc``. Invalid pools read cache length 0 and slot 0."""
     num_rows, max_pages = req_to_pages.shape
     n_state = valid_cache_lengths.shape[0]
@@ -510,7 +510,7 @@ def compute_out_cache_loc(
 
     Request ``r`` owns outputs ``[off_r, off_r + input_lengths[r])`` (``off`` = exclusive prefix sum);
     token ``k`` there is position ``cache_start[r] + k`` of pool row ``req_pool_indices[r]`` and lands at
-    ``req_to_pages[row, pos // G] * G + pos % G`` (``G = page_size``) -- or slot 0 when ``pos // G >= M`` (seed semantics), when
+    ``req_to_pages[row, pos // G] * G + pos % G`` (``G = page_size``) -- or slot 0 when ``pos // G >= M`` (upstream's semantics), when
     ``pos < 0`` or when the page id is negative. ``out_size`` is a static bucket ``>= sum(input_lengths)``;
     outputs past the sum are 0 (TokenSpeed callers zero-initialise the buffer), tokens past ``out_size`` are
     dropped.

@@ -1,4 +1,5 @@
-"""Checked mode as a real mode (issue 12, D1, D3, D14) and the backend fallback (issue 13)."""
+"""Checked mode as a real mode (in the jit key, checks before a donated buffer is written, traced hazards flagged)
+and the backend fallback."""
 
 import sys
 import warnings
@@ -22,7 +23,7 @@ def _pool():
     return jnp.asarray(np.arange(2 * 8 * 4, dtype=np.float32).reshape(2, 8, 4))
 
 
-def test_checked_call_after_plain_call_checks_and_plain_after_checked_runs():  # D1
+def test_checked_call_after_plain_call_checks_and_plain_after_checked_runs():
     r2t = np.arange(12, dtype=I32).reshape(2, 6)
     args = (np.array([0, 5], I32), r2t, np.array([0, 0], I32))
     C.assign_extend_cache_locs_uniform(*args, width=2)  # plain first: caches the unchecked trace
@@ -37,7 +38,7 @@ def test_checked_call_after_plain_call_checks_and_plain_after_checked_runs():  #
 
 
 @pytest.mark.parametrize("impl", ["reference", "pallas"])
-def test_checked_move_checks_before_the_pool_is_donated(impl):  # D3
+def test_checked_move_checks_before_the_pool_is_donated(impl):
     k, v = _pool(), _pool() + 1
     before = np.asarray(k)
     with jaxspec.checks(), pytest.raises(checkify.JaxRuntimeError, match="tgt_loc out of range"):
@@ -46,7 +47,7 @@ def test_checked_move_checks_before_the_pool_is_donated(impl):  # D3
     np.testing.assert_array_equal(np.asarray(k), before)
 
 
-def test_traced_overlapping_pairs_are_flagged_and_nothing_is_written():  # D14
+def test_traced_overlapping_pairs_are_flagged_and_nothing_is_written():
     n = 32
     tgt = jnp.arange(n, dtype=jnp.int32)
     src = (n - 1 - jnp.arange(n)).astype(jnp.int32)  # swaps across spans: order-dependent

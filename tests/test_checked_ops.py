@@ -1,4 +1,5 @@
-"""Checked mode and defined results for the ops layer (issue 12, D1, D10, D11)."""
+"""Checked mode and defined results for the ops layer (checks in the jit key, traced top-k/top-p flagged, rows
+without probability mass)."""
 
 import jax
 import jax.numpy as jnp
@@ -20,7 +21,7 @@ def _tree_args(seq_lens):
     return (jnp.array([1, 2], jnp.int32), dr.parent_list, dr.top_scores_index, dr.draft_tokens, seq_lens)
 
 
-def test_build_tree_checks_are_in_the_jit_key_and_flag_bad_seq_lens():  # D1, D10
+def test_build_tree_checks_are_in_the_jit_key_and_flag_bad_seq_lens():
     bad = jnp.array([9, 9], jnp.int32)  # sum 18 > max_seq_lens_sum 10
     build_tree(*_tree_args(bad), config=CFG, max_seq_lens_sum=10)  # plain first (defined, documented result)
     with jaxspec.checks(), pytest.raises(checkify.JaxRuntimeError, match="exceeds max_seq_lens_sum=10"):
@@ -37,7 +38,7 @@ def test_build_tree_checks_are_in_the_jit_key_and_flag_bad_seq_lens():  # D1, D1
         build_tree(*_tree_args(np.array([-3, 2], I32)), config=CFG, max_seq_lens_sum=10)
 
 
-def test_traced_top_k_top_p_are_flagged_in_checked_mode():  # D11
+def test_traced_top_k_top_p_are_flagged_in_checked_mode():
     probs = jnp.full((1, 4), 0.25, jnp.float32)
     err, _ = checked_call(top_k_renorm_prob, probs, jnp.array([0], jnp.int32))
     with pytest.raises(checkify.JaxRuntimeError, match="top_k: expected values >= 1"):
@@ -50,7 +51,7 @@ def test_traced_top_k_top_p_are_flagged_in_checked_mode():  # D11
     assert err.get() is None
 
 
-def test_renorm_of_a_row_without_mass_is_zero_not_nan():  # D11
+def test_renorm_of_a_row_without_mass_is_zero_not_nan():
     probs = jnp.array([[0.0, 0.0, 0.0], [0.2, 0.5, 0.3]], jnp.float32)
     for out in (top_k_renorm_prob(probs, np.array([2, 2], I32)), top_p_renorm_prob(probs, np.array([0.5, 0.5], np.float32))):
         out = np.asarray(out)
@@ -64,7 +65,7 @@ def _chain(b=2):
     return cfg, t
 
 
-def test_temperature_zero_samples_greedily():  # D11
+def test_temperature_zero_samples_greedily():
     cfg, t = _chain()
     v = 7
     logits = jax.random.normal(jax.random.PRNGKey(0), (2 * 3, v), jnp.float32)
@@ -88,7 +89,7 @@ def test_temperature_zero_samples_greedily():  # D11
         err.throw()
 
 
-def test_target_rows_without_mass_give_the_documented_sentinel_and_are_flagged():  # D11
+def test_target_rows_without_mass_give_the_documented_sentinel_and_are_flagged():
     cfg, t = _chain(1)
     v = 5
     probs = jnp.full((1, 3, v), jnp.nan, jnp.float32)

@@ -114,7 +114,7 @@ def test_cuda_originals_not_imported_on_cpu(monkeypatch):
 
 
 def test_select_top_k_known_differences_are_generated_and_named():
-    """Issue 12 D13: ties and subnormal scores are generated on purpose and reported under their names (the
+    """Ties and subnormal scores are generated on purpose and reported under their names (the
     differences are real: every generated case differs), never as mismatches or silent passes."""
     op = harness.OPS["select_top_k_tokens"]
     assert set(op.known_differences) == {"ties", "subnormals"}

@@ -1,6 +1,7 @@
 """kernels/cache_locs.py: Pallas (interpret on CPU) == jnp reference == NumPy oracle, exactly.
 
-Golden: SGLang 0.5.23 semantics (ops-spec §8, §9, §14); fixtures from ops-spec §8 (upstream
+Golden: SGLang 0.5.23 semantics (docs/ops.md: "assign_extend_cache_locs", "fill_accept_out_cache_loc",
+"assign_draft_cache_locs"); fixtures from upstream's tests (upstream
 test_cache_locs_fallback.py) and §10.1.
 """
 
@@ -71,7 +72,7 @@ class _CacheLocsCases:
     # --- §8 ragged ---------------------------------------------------------------------------------
 
     def test_extend_golden(self):
-        # ops-spec §8 fixture (upstream test/registered/unit/spec/test_cache_locs_fallback.py)
+        # upstream fixture (upstream test/registered/unit/spec/test_cache_locs_fallback.py)
         r2t = np.array([[10, 11, 12, 13, 14], [20, 21, 22, 23, 24], [30, 31, 32, 33, 34]], np.int32)
         out = self.run(C.assign_extend_cache_locs, np.array([2, 0, 1], np.int32), r2t,
                        np.array([1, 2, 0], np.int32), np.array([3, 3, 3], np.int32), out_size=9)
@@ -128,7 +129,7 @@ class _CacheLocsCases:
     # --- fill_front / fill_accept --------------------------------------------------------------------
 
     def test_accept_and_front_golden(self):
-        # ops-spec §10.1 worked example
+        # the worked example of docs/ops.md, "move_accept_tokens_to_target_kvcache"
         ai = np.array([[0, 3, 4, 5], [6, 10, 11, -1]], np.int32)
         ocl = 100 + np.arange(12, dtype=np.int32)
         src = self.run(C.fill_accept_out_cache_loc, ai, ocl)

@@ -1,6 +1,6 @@
 """kernels/kv_move.py: Pallas (interpret on CPU) == jnp reference == NumPy oracle, bit for bit.
 
-Golden: SGLang 0.5.23 (ops-spec §10): packed pairs from fill_front/fill_accept, parallel assignment.
+Golden: SGLang 0.5.23 (docs/ops.md, "move_accept_tokens_to_target_kvcache"): packed pairs from fill_front/fill_accept, parallel assignment.
 Pools are built from integer iotas bit-cast to bf16/f32 (every element distinct and never NaN), so
 "unchanged" is a bit-exact statement; every slot outside the target set must stay bit-identical.
 """
@@ -131,7 +131,7 @@ class _KVMoveCases:
             np.testing.assert_array_equal(bits(got), want, err_msg=f"{SEED=}")
 
     def test_worked_example_10_1(self):
-        # ops-spec §10.1: accept_index [[0,3,4,5],[6,10,11,-1]], out_cache_loc = 100 + arange(12), lens [4,3]
+        # docs/ops.md's worked example: accept_index [[0,3,4,5],[6,10,11,-1]], out_cache_loc = 100 + arange(12), lens [4,3]
         ai = np.array([[0, 3, 4, 5], [6, 10, 11, -1]], np.int32)
         ocl = 100 + np.arange(12, dtype=np.int32)
         lens = np.array([4, 3], np.int32)
@@ -168,7 +168,7 @@ class TestKVMoveInterpret(_KVMoveCases):
 
 
 def test_compact_worked_example_10_2():
-    # ops-spec §10.2 (B=2, N=6, A=4; the accept_index of §10.1; -1 clamps to global node 0 = token 3)
+    # docs/ops.md, "Compaction to the front" (B=2, N=6, A=4; the worked example's accept_index; -1 clamps to global node 0 = token 3)
     predict = np.array([3, 0, 0, 4, 5, 18, 11, 0, 0, 0, 12, 18], np.int32)
     ai = np.array([[0, 3, 4, 5], [6, 10, 11, -1]], np.int32)
     out = M.compact_accept_to_front(predict, ai, num_draft_tokens=6)
@@ -190,7 +190,7 @@ def test_compact_hidden_matches_numpy():
 def test_compact_is_one_gather():
     """compact is one gather over every row, with no update of ``[:, :A]``: at B = 1 that update is a contiguous
     copy, which XLA:GPU ran as an async dynamic-slice copy outside its command buffers (H200, the batch-1 adaptive
-    loop, BENCHMARKS.md fifth session). Fails on ``blocks.at[:, :a].set(gathered)``."""
+    loop). Fails on ``blocks.at[:, :a].set(gathered)``."""
     x, ai = jnp.zeros((8, 16), jnp.float32), jnp.zeros((1, 6), jnp.int32)
     text = jax.jit(lambda x, ai: M.compact_accept_to_front_reference(x, ai, num_draft_tokens=8)).lower(x, ai).as_text()
     ops = set(re.findall(r"stablehlo\.(\w+)", text))

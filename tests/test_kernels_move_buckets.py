@@ -1,4 +1,4 @@
-"""move_kv_cache buckets the pair count (issue 12 L1): 5..8 pairs share one executable, the padding pairs
+"""move_kv_cache buckets the pair count: 5..8 pairs share one executable, the padding pairs
 move nothing in either implementation, and checked mode does not mistake them for out-of-range slots."""
 
 import numpy as np

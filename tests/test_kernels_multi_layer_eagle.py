@@ -1,4 +1,5 @@
-"""Tests for jaxspec.kernels.multi_layer_eagle (SGLang 0.5.12 multi_layer_eagle_utils.py, ops-spec §11-§12).
+"""Tests for jaxspec.kernels.multi_layer_eagle (SGLang 0.5.12 multi_layer_eagle_utils.py; docs/ops.md,
+"rotate_input_ids" and "assign_hidden_states_pool").
 
 Pallas kernel (interpret on CPU) == jnp reference == NumPy oracle (a sequential port of the Triton
 programs), exactly; ids outside every segment and pool rows nobody writes are poisoned (INT_MIN / NaN

@@ -1,4 +1,5 @@
-"""One defined behaviour for out-of-range slots, pages, rows, accept indices and lengths (issue 12, D4-D9).
+"""One defined behaviour for out-of-range slots, pages, rows, accept indices and lengths, the
+same in every implementation.
 
 Every case runs the jnp reference and the Pallas kernel (interpret mode) and checks them against a NumPy
 expectation: a dropped write or a slot-0 read, never a write elsewhere or another request's data; pools
@@ -27,7 +28,7 @@ def _pool(layers=2, slots=8, feat=4):
 
 
 @pytest.mark.parametrize("impl", IMPLS, ids=IDS)
-def test_move_kv_cache_out_of_range_pairs_are_dropped(impl):  # D4
+def test_move_kv_cache_out_of_range_pairs_are_dropped(impl):
     k = _pool()
     tgt = np.array([-1, 8, 3, 2, 5], I32)
     src = np.array([4, 4, -1, 9, 6], I32)
@@ -51,7 +52,7 @@ def _accept_expect(pool, ai, lens, ocl, n):
 
 
 @pytest.mark.parametrize("impl", IMPLS, ids=IDS)
-def test_move_accept_out_of_range_never_writes_another_request(impl):  # D5
+def test_move_accept_out_of_range_never_writes_another_request(impl):
     bs, a, n = 3, 3, 4
     pool = _pool(slots=bs * n + 4)
     ocl = np.arange(bs * n, dtype=I32) + 2
@@ -65,7 +66,7 @@ R2T = np.arange(3 * 6, dtype=I32).reshape(3, 6) + 100
 
 
 @pytest.mark.parametrize("impl", IMPLS, ids=IDS)
-def test_cache_loc_reads_past_the_row_give_slot_zero(impl):  # D6
+def test_cache_loc_reads_past_the_row_give_slot_zero(impl):
     out = C.assign_extend_cache_locs_uniform(np.array([1, 3, -1], I32), R2T, np.array([4, 0, 0], I32), width=3,
                                              **impl).out_cache_loc
     np.testing.assert_array_equal(np.asarray(out), [110, 111, 0] + [0] * 6)
@@ -84,7 +85,7 @@ TABLE = np.array([[1, 2, 3], [4, -5, 6]], I32)
 
 
 @pytest.mark.parametrize("impl", IMPLS, ids=IDS)
-def test_paged_locations_negative_start_or_page_give_slot_zero(impl):  # D7
+def test_paged_locations_negative_start_or_page_give_slot_zero(impl):
     out = pcl.compute_out_cache_loc_uniform(np.array([-1, 3], I32), np.array([0, 1], I32), TABLE, page_size=4,
                                             uniform_input_length=2, **impl)
     np.testing.assert_array_equal(np.asarray(out), [0, 4, 19, 0])  # pos -1 -> 0; page id -5 -> 0
@@ -94,7 +95,7 @@ def test_paged_locations_negative_start_or_page_give_slot_zero(impl):  # D7
 
 
 @pytest.mark.parametrize("impl", IMPLS, ids=IDS)
-def test_update_req_to_page_negative_start_drops_the_request(impl):  # D8 (traced / device inputs)
+def test_update_req_to_page_negative_start_drops_the_request(impl):  # traced / device inputs
     table = np.full((3, 4), 7, I32)
     out = pcl.update_req_to_page(jnp.asarray(table), np.array([0, 1, 5], I32), np.array([11, 12, 13, 14, 15], I32),
                                  np.array([2, 2, 1], I32), np.array([-1, 3, 0], I32), **impl)
@@ -103,7 +104,7 @@ def test_update_req_to_page_negative_start_drops_the_request(impl):  # D8 (trace
     np.testing.assert_array_equal(np.asarray(out), want)
 
 
-def test_update_block_table_refuses_inconsistent_host_inputs():  # D8 (host inputs)
+def test_update_block_table_refuses_inconsistent_host_inputs():  # host inputs
     table = jnp.zeros((2, 8), jnp.int32)
     with pytest.raises(ValueError, match=r"sizes\[0\] = 4 exceeds the 1 page"):
         bt.update_block_table(table, sizes=[4, 1], begins=[0, 0], new_occupied_pages=[[11], [5]],
@@ -135,7 +136,7 @@ def test_in_place_mtp_kernels_out_of_range_untouched(impl):
     np.testing.assert_array_equal(np.asarray(out), [1, 2, 2, 3, 5, 6, 6, 7])
 
 
-def test_traced_wide_or_unsigned_ids_are_refused():  # D9
+def test_traced_wide_or_unsigned_ids_are_refused():
     r2t = jnp.asarray(R2T)
     f = jax.jit(lambda rpi: C.assign_extend_cache_locs_uniform(rpi, r2t, jnp.zeros(1, jnp.int32), width=2,
                                                                implementation="reference").out_cache_loc)
@@ -144,7 +145,7 @@ def test_traced_wide_or_unsigned_ids_are_refused():  # D9
     np.testing.assert_array_equal(np.asarray(f(jnp.array([1], jnp.uint16))), [106, 107])
 
 
-def test_negative_page_id_is_flagged_in_checked_mode():  # D7 (checked mode)
+def test_negative_page_id_is_flagged_in_checked_mode():  # checked mode
     from jax.experimental import checkify
 
     from jaxspec.testing import checked_call

@@ -1,8 +1,8 @@
-"""Tests for jaxspec.kernels.paged_cache_locs (TokenSpeed 0.1.0 cache_loc_kernel.py, ops-spec §16).
+"""Tests for jaxspec.kernels.paged_cache_locs (TokenSpeed 0.1.0 cache_loc_kernel.py; docs/ops.md, "paged_cache_locs").
 
 Each op: Pallas kernel (interpret on CPU) == jnp reference == NumPy loop oracle, exactly, on random
 inputs (fresh seeds) with random-permutation page tables whose unreferenced rows are poisoned with
-INT_MIN. The golden example is ops-spec §16.2; the update_block_table cases port TokenSpeed's seed-era
+INT_MIN. The golden example is docs/ops.md's (compute_out_cache_loc); the update_block_table cases port TokenSpeed 0.1.0's
 ``test/runtime/test_update_block_table_capacity_clamp.py`` (clamp to [2, 0, 3], 5 packed pages,
 passthrough, partial clamp, early return, loud warning).
 """
@@ -94,7 +94,7 @@ class _PagedCacheLocsCases:
     def call(self, fn, *args, implementation="pallas", **kwargs):
         return fn(*args, implementation=implementation, interpret=self.INTERPRET, **kwargs)
 
-    # --- golden example (ops-spec §16.2) ------------------------------------------------------------
+    # --- golden example (docs/ops.md, compute_out_cache_loc) ------------------------------------------------------------
 
     def test_spec_example(self):
         table = np.zeros((3, 4), np.int32)
@@ -241,7 +241,7 @@ class TestPagedCacheLocsInterpret(_PagedCacheLocsCases):
 
 
 # ------------------------------------------------------------------------------------------------
-# Host wrapper (ported from TokenSpeed's seed-era test_update_block_table_capacity_clamp.py).
+# Host wrapper (ported from TokenSpeed 0.1.0's test_update_block_table_capacity_clamp.py).
 # ------------------------------------------------------------------------------------------------
 
 
