@@ -1,170 +1,490 @@
-"""Demo: greedy MTP speculative decoding vs plain decoding with the shipped demo pair.
+"""Demo: speculative decoding of real text with SmolLM2-135M-Instruct and its trained draft head, against plain decoding.
 
-``python -m jaxspec.demo [--device cpu|gpu] [--config chain|tree|both] [--batch 1] [--max-new 128] [--repeats 20]``
+``python -m jaxspec.demo [--device cpu|gpu] [--config chain|tree|both] [--head DIR] [--prompts 3] [--max-new 96]
+[--repeats 3]``
 
-Loads the checkpoint directory ``jaxspec/assets/demo_pair`` (``DEMO_WEIGHTS``: a 24-layer, 32-wide target with 3
-MTP layers; or ``--weights DIR``), decodes a batch of corpus prompts of different lengths with the whole
-generation in one XLA ``while_loop`` (speculative and plain), checks the outputs are identical token for
-token (prints "outputs identical", else exits 1), and prints one table row per mode (mode, mean accept
-length, tokens/s, run s = the fastest of ``--repeats`` interleaved timed runs, compile s, median s), then each
-speculative mode's speed-up over plain decoding split into tokens per round and the cost of a round in plain
-decode steps. The fastest run is the measure (as ``timeit``'s): on a shared CPU other processes only ever add
-time, by 20-60% in a run of 30-80 ms; the median is printed beside it.
+Fetches SmolLM2-135M-Instruct into the user cache when it is missing (``python -m jaxspec.models.fetch
+smollm2-135m-instruct``: ~98 MB, hash-checked), loads it in float32 with its tokenizer and chat template
+(``jaxspec.text``), and the draft head shipped for it: the EAGLE-3 head in ``SHIPPED_HEADS["eagle3"]`` (a
+one-layer draft over an 8192-token draft vocabulary) when present, else the MTP head in
+``SHIPPED_HEADS["mtp"]`` (``--head DIR`` picks another head, e.g. one ``python -m jaxspec.train_draft`` wrote).
+Each of the demo's chat prompts (``PROMPTS``, written for the demo: none is from MT-Bench, HumanEval or GSM8K)
+goes through the chat template and is decoded greedily at batch 1, plainly, with a chain (``SpecConfig(3, 1,
+4)``) and with a tree (``SpecConfig(3, 2, 6)``), each reply ending at the model's end-of-turn token. The demo
+checks that every mode's reply is identical to plain decoding token for token (prints "outputs identical", else
+exits 1) and prints one table row per mode: mode, mean accept length, tokens/s, run s (the fastest of
+``--repeats`` interleaved timed runs per prompt, summed over the prompts; prefill included), compile s (each
+mode's first run per prompt, which compiles), median s; then each speculative mode's speed-up over plain
+decoding, split into tokens per round and the cost of a round in plain decode steps, and where a round's time
+goes: the verify forward, the draft (``propose`` + the extend after verify) and the rest (bookkeeping), each
+timed alone, with the acceptance per draft position. The H200 figures (``H200_FIGURES``) are printed beside
+them, labelled. Then the replies.
 
-On CPU every mode runs under the same XLA:CPU options (``CPU_XLA_FLAGS``, process-wide, set before JAX starts).
+``--weights DIR`` runs the same demo on a target + MTP pair checkpoint instead (the shipped toy pairs,
+``jaxspec/assets/demo_pair`` and ``tiny_pair``: synthetic corpus prompts, mock vocabulary).
+
+The fastest run is the measure (as ``timeit``'s): on a shared CPU other processes only ever add time; the median
+is printed beside it. On CPU every mode runs under the same XLA:CPU options, chosen per model (``CPU_XLA_FLAGS``,
+process-wide, set before JAX starts).
 """
 
 import argparse
+import json
 import os
 import sys
 import time
+
+MODEL = "smollm2-135m-instruct"
+_HERE = os.path.dirname(os.path.abspath(__file__))
+HEADS_DIR = os.path.join(_HERE, "assets", "heads")
+# The heads trained for MODEL by python -m jaxspec.train_draft (the EAGLE-3 one is preferred).
+SHIPPED_HEADS = {"eagle3": os.path.join(HEADS_DIR, f"{MODEL}-eagle3"), "mtp": os.path.join(HEADS_DIR, f"{MODEL}-mtp")}
+CONFIGS = {"chain": (3, 1, 4), "tree": (3, 2, 6)}  # SpecConfig(num_steps, topk, num_draft_tokens)
+TARGET_SPEEDUP = 1.5  # what speculation should reach over plain decoding at batch 1 on CPU
+
+# The demo's chat prompts (written for it; none from MT-Bench, HumanEval or GSM8K). Each renders to 40-48 tokens
+# through SmolLM2's chat template (its default system turn included), so they share one prefill bucket.
+PROMPTS = (
+    "Give me three short tips for keeping houseplants alive in a dark flat.",
+    "Write a friendly note inviting my neighbours to a garden party on Saturday.",
+    "In two sentences, what does a bicycle's gear system do when riding uphill?",
+    "Suggest a simple vegetarian dinner I can cook in twenty minutes.",
+    "Why do cats purr? Keep the answer short.",
+)
+
+# The same demo on the H200 (SmolLM2, the shipped head, batch 1): mode -> (accept len, tokens/s). Filled from an
+# H200 run of `python -m jaxspec.demo --device gpu`; printed beside this machine's figures, labelled.
+H200_FIGURES: dict = {}
+H200_FIGURES_SOURCE = ""  # where the H200 figures come from (date, commit), printed with them
+
+# XLA:CPU options per model kind (every mode runs under them; set before JAX starts its CPU backend, so only when
+# the demo starts it). An option already in XLA_FLAGS keeps the user's value. Measured with jaxlib 0.10.2 on this
+# repo's 2-core CPU (bench/cpu_forward_probe.py; BENCHMARKS.md, "The CPU demo"):
+# * "model" (SmolLM2 in f32): none. jaxlib 0.10 hands multi-row f32 matmuls to YNNPACK and single rows to XLA's own
+#   GEMV; turning YNNPACK off (--xla_cpu_experimental_ynn_fusion_type=) sends a verify forward's 2-6-row matmuls to
+#   Eigen, which made a 4-row forward of SmolLM2 cost 5-12 one-row forwards instead of 1.5-1.8.
+# * "pair" (the 24-layer, 32-wide toy pair): YNNPACK off and single-threaded Eigen: at 32 wide the YNNPACK call
+#   costs more than the matmul, and Eigen's multi-threaded dots pay a thread hand-off per tiny matmul.
+# Added only for the jaxlib versions they were measured with (XLA aborts on an option it does not know).
+CPU_XLA_FLAGS = {
+    "model": {},
+    "pair": {"--xla_cpu_experimental_ynn_fusion_type": "", "--xla_cpu_multi_thread_eigen": "false"},
+}
+CPU_XLA_FLAGS_JAXLIB = ("0.10.",)
 
 
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="python -m jaxspec.demo",
-        description="Greedy MTP speculative decoding vs plain decoding with the shipped tiny target + MTP pair: "
-                    "decodes a batch of prompts both ways (each generation one XLA while_loop), checks the "
-                    "outputs are identical token for token (exit 1 if not) and prints the mean accept length "
-                    "and tokens/s of each.",
+        description="Speculative decoding of real text vs plain decoding: SmolLM2-135M-Instruct (fetched into the "
+                    "user cache when missing) with its trained draft head, a few chat prompts decoded greedily at "
+                    "batch 1 each way (each generation one XLA while_loop); checks the outputs are identical token "
+                    "for token (exit 1 if not) and prints the mean accept length, tokens/s, where a round's time "
+                    "goes and the replies.",
     )
     ap.add_argument("--device", choices=["cpu", "gpu"], default="cpu",
                     help="JAX platform to run on (default: %(default)s)")
     ap.add_argument("--config", choices=["chain", "tree", "both"], default="both",
                     help="speculation shape: chain (3 steps, top-1, 4 draft tokens), tree (3 steps, top-2, "
                          "6 draft tokens) or both (default: %(default)s)")
-    ap.add_argument("--batch", type=int, default=1, help="number of prompts decoded together (default: %(default)s)")
-    ap.add_argument("--max-new", type=int, default=128, help="tokens generated per prompt (default: %(default)s)")
+    ap.add_argument("--head", default=None, metavar="DIR",
+                    help="draft head directory: an EAGLE-3 checkpoint (config.json + model.safetensors) or an MTP "
+                         "head (config.json + mtp.safetensors), as python -m jaxspec.train_draft writes them "
+                         "(default: the shipped head, SHIPPED_HEADS in jaxspec/demo.py)")
+    ap.add_argument("--prompts", type=int, default=3,
+                    help=f"how many of the demo's {len(PROMPTS)} chat prompts to decode (default: %(default)s)")
+    ap.add_argument("--max-new", type=int, default=96, help="most tokens generated per reply (default: %(default)s)")
     ap.add_argument("--page-size", type=int, default=16, help="tokens per KV cache page (default: %(default)s)")
-    ap.add_argument("--repeats", type=int, default=20,
-                    help="timed runs per mode after the compile run, interleaved across modes; the table shows "
-                         "the fastest and the median (default: %(default)s)")
+    ap.add_argument("--repeats", type=int, default=3,
+                    help="timed runs per mode and prompt after the first (compiling) run, interleaved across "
+                         "modes; the table shows the fastest and the median (default: %(default)s)")
     ap.add_argument("--weights", default=None, metavar="DIR",
-                    help="checkpoint directory of a target + MTP pair (default: the shipped jaxspec/assets/demo_pair)")
+                    help="run on a target + MTP pair checkpoint directory instead (e.g. jaxspec/assets/demo_pair: "
+                         "synthetic corpus prompts, mock vocabulary)")
     return ap
 
 
 def _parse(argv):
     args = _parser().parse_args(argv)
-    for name in ("batch", "max_new", "page_size", "repeats"):
+    for name in ("prompts", "max_new", "page_size", "repeats"):
         if getattr(args, name) < 1:
             _parser().error(f"--{name.replace('_', '-')}: expected an int >= 1, got {getattr(args, name)}")
+    if args.weights is None and args.prompts > len(PROMPTS):
+        _parser().error(f"--prompts: the demo has {len(PROMPTS)} chat prompts, got {args.prompts}")
+    if args.weights is not None and args.head is not None:
+        _parser().error("--head: a --weights pair carries its own MTP layers; give one of --weights and --head")
     return args
 
 
-# XLA:CPU options of the demo (every mode runs under them; set before JAX starts its CPU backend, so only when the
-# demo starts it). An option already in XLA_FLAGS keeps the user's value. Measured with jaxlib 0.10.2 on this repo's
-# 2-core CPU (README, "What the demo shows"): jaxlib 0.10 hands multi-row f32 matmuls (a verify forward's 4 rows)
-# to YNNPACK fusions and single rows to XLA's own dot; at the demo's 32-wide shapes the YNNPACK call costs more
-# than the matmul, and Eigen's multi-threaded dots pay a thread hand-off per tiny matmul. Added only for the
-# jaxlib versions they were measured with (XLA aborts on an option it does not know).
-CPU_XLA_FLAGS = {"--xla_cpu_experimental_ynn_fusion_type": "", "--xla_cpu_multi_thread_eigen": "false"}
-CPU_XLA_FLAGS_JAXLIB = ("0.10.",)
-
-
-def cpu_xla_flags(current: str, jaxlib_version: str) -> str:
-    """``current`` (an ``XLA_FLAGS`` value) plus the ``CPU_XLA_FLAGS`` it does not set already, for a jaxlib
-    version in ``CPU_XLA_FLAGS_JAXLIB``; else ``current`` unchanged."""
+def cpu_xla_flags(current: str, jaxlib_version: str, flags: dict) -> str:
+    """``current`` (an ``XLA_FLAGS`` value) plus the options of ``flags`` (a ``CPU_XLA_FLAGS`` entry) it does not
+    set already, for a jaxlib version in ``CPU_XLA_FLAGS_JAXLIB``; else ``current`` unchanged."""
     if not jaxlib_version.startswith(CPU_XLA_FLAGS_JAXLIB):
         return current
     have = {f.split("=", 1)[0] for f in current.split()}
-    extra = [f"{k}={v}" for k, v in CPU_XLA_FLAGS.items() if k not in have]
+    extra = [f"{k}={v}" for k, v in flags.items() if k not in have]
     return " ".join(([current.strip()] if current.strip() else []) + extra)
 
 
-# Why the speed-up grows with the target's size (printed under the table).
+def head_kind(path: str) -> str:
+    """``"eagle3"`` or ``"mtp"``: the layout of the draft head directory ``path``; ``ValueError`` for anything else."""
+    cfg_path = os.path.join(path, "config.json")
+    if not os.path.isfile(cfg_path):
+        raise ValueError(f"--head {path}: no config.json there (expected an EAGLE-3 or MTP head directory)")
+    with open(cfg_path) as f:
+        cfg = json.load(f)
+    if "LlamaForCausalLMEagle3" in (cfg.get("architectures") or []):
+        return "eagle3"
+    if os.path.isfile(os.path.join(path, "mtp.safetensors")) and int(cfg.get("num_nextn_predict_layers") or 0) > 0:
+        return "mtp"
+    raise ValueError(f"--head {path}: neither an EAGLE-3 checkpoint (architectures [\"LlamaForCausalLMEagle3\"]) nor "
+                     f"an MTP head (mtp.safetensors and num_nextn_predict_layers in config.json)")
+
+
+def find_head(head: str | None, shipped: dict | None = None) -> tuple[str, str]:
+    """``(path, kind)`` of the draft head: ``head`` when given, else the first shipped head that exists (EAGLE-3,
+    then MTP); ``FileNotFoundError`` naming what was looked for when there is none."""
+    if head is not None:
+        if not os.path.isdir(head):
+            raise FileNotFoundError(f"--head {head}: no such directory")
+        return head, head_kind(head)
+    shipped = SHIPPED_HEADS if shipped is None else shipped
+    for kind, path in shipped.items():
+        if os.path.isdir(path):
+            found = head_kind(path)
+            if found != kind:
+                raise ValueError(f"{path}: expected an {kind} head, found an {found} one")
+            return path, kind
+    raise FileNotFoundError(
+        f"no draft head for {MODEL}: looked for the EAGLE-3 head {shipped.get('eagle3')} and the MTP head "
+        f"{shipped.get('mtp')}. Train one (python -m jaxspec.train_draft --target <{MODEL} .gguf> --arch eagle3 "
+        f"--out DIR) and pass --head DIR/eagle3")
+
+
+class Setup:
+    """What the demo decodes with: the target, a drafter, the prompts as token ids, how to show a reply."""
+
+    def __init__(self, name, target, drafter, prompts, texts, show, eos_id, stop_ids, what):
+        self.name, self.target, self.drafter = name, target, drafter
+        self.prompts, self.texts, self.show = prompts, texts, show
+        self.eos_id, self.stop_ids, self.what = eos_id, stop_ids, what
+
+
+def load_model_setup(head: str | None, num_prompts: int) -> Setup:
+    """SmolLM2 (fetched when missing) in float32 with the draft head ``find_head(head)`` and the chat prompts."""
+    import jax.numpy as jnp
+
+    from jaxspec.models import EAGLE3Drafter, MTPDrafter, aux_layers_from_ids, fetch_model, load_eagle3, load_model
+    from jaxspec.text import Tokenizer
+
+    path, kind = find_head(head)
+    gguf = str(fetch_model(MODEL, quiet=True))
+    tok = Tokenizer.from_file(gguf)
+    if kind == "eagle3":
+        from jaxspec.models.gguf import read_gguf_config
+
+        n_layers = read_gguf_config(gguf).num_hidden_layers
+        draft = load_eagle3(path, num_target_layers=n_layers)
+        target = load_model(gguf, param_dtype=jnp.float32, aux_layers=aux_layers_from_ids(draft.cfg.aux_layer_ids,
+                                                                                          n_layers))
+        drafter = EAGLE3Drafter(draft, target)
+        what = (f"EAGLE-3 head {os.path.relpath(path)} (1 layer, draft vocabulary {draft.cfg.draft_vocab_size}, "
+                f"aux layer ids {list(draft.cfg.aux_layer_ids)})")
+    else:
+        from jaxspec.train_draft import load_mtp_head
+
+        target = load_mtp_head(load_model(gguf, param_dtype=jnp.float32), path,
+                               num_draft_steps=max(c[0] for c in CONFIGS.values()))
+        drafter = MTPDrafter(target)
+        what = f"MTP head {os.path.relpath(path)} ({target.num_mtp_layers} layer(s), full vocabulary)"
+    texts = list(PROMPTS[:num_prompts])
+    prompts = [tok.encode_chat([{"role": "user", "content": t}], add_generation_prompt=True) for t in texts]
+    eot = tok.end_of_turn_token_id
+    stops = set(tok.chat_stop_token_ids)
+
+    def show(ids):
+        ids = [int(i) for i in ids]
+        cut = next((k for k, t in enumerate(ids) if t in stops), len(ids))
+        return tok.decode(ids[:cut], skip_special_tokens=True)
+
+    eos = eot if eot is not None else (min(stops) if stops else None)
+    return Setup(f"{MODEL} (f32, {os.path.basename(gguf)})", target, drafter, prompts, texts, show, eos, stops,
+                 what)
+
+
+def load_pair_setup(weights: str, num_prompts: int) -> Setup:
+    """A target + MTP pair checkpoint (the toy pairs) with corpus prompts and the mock vocabulary."""
+    from jaxspec.corpus import make_prompts
+    from jaxspec.models import MockVocab, MTPDrafter, load_pair
+
+    model = load_pair(weights)
+    vocab = MockVocab(vocab_size=model.vocab_size)
+    texts = make_prompts(num_prompts)
+    return Setup(f"pair {os.path.relpath(weights)} ({model.cfg.num_hidden_layers} layers)", model,
+                 MTPDrafter(model), [vocab.encode(t) for t in texts], texts, vocab.decode, None, set(),
+                 f"its {model.num_mtp_layers} MTP layers")
+
+
+# ------------------------------------------------------------------------------------------- decoding
+def decode_timed(eng, ids, max_new):
+    """One batch-1 generation (prefill + the decode ``while_loop``): ``(state, seconds)``; inputs prepared first."""
+    import jax
+
+    inputs = jax.block_until_ready(eng.prepare([ids], max_new))
+    t0 = time.perf_counter()
+    state = eng.run_prefill(*inputs)
+    state = jax.block_until_ready(eng.run_decode(state))
+    return state, time.perf_counter() - t0
+
+
+def decode_rounds(eng, ids, max_new):
+    """One batch-1 generation one round per call (the same executables as ``decode_timed``): ``(state, seconds,
+    accept lengths of its rounds)``."""
+    import jax
+    import numpy as np
+
+    inputs = jax.block_until_ready(eng.prepare([ids], max_new))
+    t0 = time.perf_counter()
+    state = eng.run_prefill(*inputs)
+    accepted, lens = int(np.asarray(state.num_accepted)[0]), []
+    while not bool(np.asarray(state.done)[0]):
+        state = eng.run_decode(state, max_rounds=1)
+        now = int(np.asarray(state.num_accepted)[0])
+        lens.append(now - accepted)
+        accepted = now
+    return state, time.perf_counter() - t0, lens
+
+
+def acceptance_per_position(accept_lens, num_steps: int) -> list[float]:
+    """Fraction of rounds whose draft token at depth ``k`` (``1..num_steps``) was accepted: accept length > k."""
+    n = max(1, len(accept_lens))
+    return [sum(1 for a in accept_lens if a > k) / n for k in range(1, num_steps + 1)]
+
+
+# ------------------------------------------------------------------------------------------- breakdown
+def _jit_over(models, fn):
+    """``fn(models, *args)`` jitted with ``models`` (modules / pytrees) split once and passed as arrays, as the
+    engine passes them (no weights baked into the executable)."""
+    import jax
+    from flax import nnx
+
+    graphdef, state = nnx.split(models)
+    jitted = jax.jit(lambda st, *a: fn(nnx.merge(graphdef, st), *a))
+    return lambda *a: jitted(state, *a)
+
+
+def _fastest(fn, repeats: int) -> float:
+    import jax
+
+    jax.block_until_ready(fn())  # compile
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        jax.block_until_ready(fn())
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def forward_cost(target, rows: int, prefix: int, page_size: int, repeats: int) -> float:
+    """Seconds of the target's forward over ``rows`` fresh tokens after ``prefix`` committed ones (batch 1, K/V
+    written; the fastest of ``repeats`` calls after the compile)."""
+    import jax.numpy as jnp
+
+    from jaxspec.models import make_req_to_token
+    from jaxspec.protocols import AttentionMetadata, page_table_from_req_to_token
+    from jaxspec.round import causal_qmask
+
+    width = -(-(prefix + rows + 1) // page_size) * page_size
+    r2t = jnp.asarray(make_req_to_token(1, width, page_size))
+    meta = AttentionMetadata(positions=prefix + jnp.arange(rows, dtype=jnp.int32)[None], qmask=causal_qmask(1, rows),
+                             prefix_lens=jnp.array([prefix], jnp.int32),
+                             page_table=page_table_from_req_to_token(r2t, page_size),
+                             write_locs=r2t[:, prefix:prefix + rows], page_size=page_size)
+    cache = target.make_cache(r2t, int(r2t.max()) + 1)
+    fwd = _jit_over(target, lambda m, t, meta, c: m.forward(t, meta, c)[0].argmax(-1))
+    tokens = jnp.ones((1, rows), jnp.int32)
+    return _fastest(lambda: fwd(tokens, meta, cache), repeats)
+
+
+def draft_cost(target, drafter, spec, prefix: int, page_size: int, repeats: int) -> float:
+    """Seconds of a round's draft work alone: ``propose`` from the committed prefix plus the extend over the
+    ``N``-token verify window (batch 1, the fastest of ``repeats`` calls after the compile)."""
+    import jax.numpy as jnp
+
+    from jaxspec.models import make_req_to_token
+    from jaxspec.protocols import AttentionMetadata, page_table_from_req_to_token
+    from jaxspec.round import causal_qmask, root_metadata
+
+    n = spec.num_draft_tokens
+    width = -(-(prefix + n + 1) // page_size) * page_size
+    r2t = jnp.asarray(make_req_to_token(1, width, page_size))
+    seq = jnp.array([prefix], jnp.int32)
+    root = root_metadata(seq, r2t, page_size=page_size)
+    window = AttentionMetadata(positions=prefix + jnp.arange(n, dtype=jnp.int32)[None], qmask=causal_qmask(1, n),
+                               prefix_lens=seq, page_table=page_table_from_req_to_token(r2t, page_size),
+                               write_locs=r2t[:, prefix:prefix + n], page_size=page_size)
+    state = drafter.init_state(spec, r2t, int(r2t.max()) + 1)
+    tokens = jnp.ones((1, n), jnp.int32)
+    hidden = jnp.zeros((1, n, int(target.feature_size)), jnp.float32)
+    accept = jnp.array([2], jnp.int32)
+
+    def work(models, st):
+        d = models[1]
+        drafts, st = d.propose(spec, st, tokens[:, 0], root)
+        return drafts, d.extend_after_verify(spec, st, tokens, hidden, window, accept)
+
+    fn = _jit_over((target, drafter), work)  # the drafter may share the target's weights (split together)
+    return _fastest(lambda: fn(state), repeats)
+
+
+# ------------------------------------------------------------------------------------------- report
 WHY = (
-    "why: a round = one target forward over its N verify tokens + the draft layers + bookkeeping. Where a forward\n"
-    "  is bound by reading the weights (a GPU at model scale: on the H200 a batch-1 chain round of an 8B-shaped\n"
-    "  target costs ~1.15 plain decode steps, BENCHMARKS.md), verifying N tokens costs about one step; the draft\n"
-    "  and bookkeeping are fixed costs, so the bigger the target (here {layers} layers against {mtp} draft layers),\n"
-    "  the closer a round gets to one step and the speed-up to the accept length. On a CPU at this model's size a\n"
-    "  forward's arithmetic and many small ops grow with the rows (a 4-row forward costs 1.6-2.2 one-row ones),\n"
-    "  which caps the win here."
+    "why: a round = one target forward over its N verify tokens + the draft + bookkeeping (tree build, acceptance,\n"
+    "  KV moves). Where a forward is bound by reading the weights (a GPU at model scale; on the H200 a batch-1 chain\n"
+    "  round of an 8B-shaped target costs ~1.15 plain decode steps, BENCHMARKS.md), verifying N tokens costs about\n"
+    "  one step and the speed-up approaches the accept length. {cpu}"
 )
+WHY_CPU = (
+    "On this CPU a verify forward costs\n"
+    "  {ratios} one-row forwards, so a round costs more than a step and the speed-up is\n"
+    "  the accept length over that cost (bench/cpu_forward_probe.py times the forwards by row count)."
+)
+
+
+def _table(results, run_s, compile_s, median_s):
+    lines = [f"{'mode':<8}{'accept len':>12}{'tokens/s':>12}{'run s':>10}{'compile s':>11}{'median s':>10}"]
+    for name in results:
+        toks = sum(len(t) for t in results[name]["tokens"])
+        lines.append(f"{name:<8}{results[name]['accept']:>12.3f}{toks / run_s[name]:>12.1f}{run_s[name]:>10.3f}"
+                     f"{compile_s[name]:>11.1f}{median_s[name]:>10.3f}")
+    return "\n".join(lines)
 
 
 def main(argv=None) -> int:
     args = _parse(argv)
-    # Pick the platform before JAX initialises a backend.
+    # Pick the platform (and XLA:CPU's options) before JAX initialises a backend.
     os.environ["JAX_PLATFORMS"] = "cpu" if args.device == "cpu" else "cuda"
     if args.device == "cpu":
         from importlib.metadata import version
 
-        os.environ["XLA_FLAGS"] = cpu_xla_flags(os.environ.get("XLA_FLAGS", ""), version("jaxlib"))
+        flags = CPU_XLA_FLAGS["pair" if args.weights else "model"]
+        os.environ["XLA_FLAGS"] = cpu_xla_flags(os.environ.get("XLA_FLAGS", ""), version("jaxlib"), flags)
     import jax
     import numpy as np
     from tqdm import tqdm
 
     from jaxspec.config import SpecConfig
-    from jaxspec.corpus import make_prompts
     from jaxspec.engine import Engine
-    from jaxspec.models import DEMO_WEIGHTS, MockVocab, MTPDrafter, load_pair
 
-    model = load_pair(args.weights or DEMO_WEIGHTS)
-    vocab = MockVocab(vocab_size=model.vocab_size)
-    texts = make_prompts(args.batch)
-    prompts = [vocab.encode(t) for t in texts]
-    configs = {"chain": SpecConfig(3, 1, 4), "tree": SpecConfig(3, 2, 6)}
+    t_load = time.perf_counter()
+    try:
+        setup = (load_pair_setup(args.weights, args.prompts) if args.weights
+                 else load_model_setup(args.head, args.prompts))
+    except (FileNotFoundError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    load_s = time.perf_counter() - t_load
     names = ["chain", "tree"] if args.config == "both" else [args.config]
-    width = max(len(p) for p in prompts) + args.max_new + max(configs[n].num_draft_tokens for n in names)
+    specs = {n: SpecConfig(*CONFIGS[n]) for n in names}
+    width = max(len(p) for p in setup.prompts) + args.max_new + max(s.num_draft_tokens for s in specs.values())
     max_context = -(-width // args.page_size) * args.page_size
-    print(f"device: {jax.devices()[0]}  batch {args.batch}  prompt lengths {[len(p) for p in prompts]}  "
-          f"max_new {args.max_new}  page size {args.page_size}")
+    print(f"model: {setup.name}; draft: {setup.what}; loaded in {load_s:.1f} s")
+    print(f"device: {jax.devices()[0]}  batch 1  prompts {len(setup.prompts)} (lengths "
+          f"{[len(p) for p in setup.prompts]})  max_new {args.max_new}  page size {args.page_size}")
     if args.device == "cpu":
         print(f"XLA_FLAGS (every mode): {os.environ['XLA_FLAGS'] or '(none)'}")
 
-    kw = dict(max_context=max_context, page_size=args.page_size, max_batch=args.batch)
-    engines = {"plain": Engine(model, None, spec=None, **kw)}
+    kw = dict(max_context=max_context, page_size=args.page_size, max_batch=1, eos_id=setup.eos_id)
+    engines = {"plain": Engine(setup.target, None, spec=None, **kw)}
     for n in names:
-        engines[n] = Engine(model, MTPDrafter(model), spec=configs[n], **kw)
-    results, compile_s, run_s = {}, {}, {name: [] for name in engines}
-    with tqdm(total=len(engines) * (1 + args.repeats), desc="demo", unit="run") as bar:
-        for name, eng in engines.items():
-            bar.set_postfix_str(f"compile {name}")
-            t0 = time.perf_counter()
-            jax.block_until_ready(eng.run(*eng.prepare(prompts, args.max_new)).out_tokens)  # compile + warm-up
-            compile_s[name] = time.perf_counter() - t0
-            bar.update()
-        for _ in range(args.repeats):  # interleaved, so a change in the machine's load hits every mode alike
-            for name, eng in engines.items():
-                bar.set_postfix_str(f"run {name}")
-                inputs = jax.block_until_ready(eng.prepare(prompts, args.max_new))
-                t0 = time.perf_counter()
-                state = jax.block_until_ready(eng.run(*inputs))
-                run_s[name].append(time.perf_counter() - t0)
-                results[name] = Engine.result(state)
+        engines[n] = Engine(setup.target, setup.drafter, spec=specs[n], **kw)
+    tokens = {m: [None] * len(setup.prompts) for m in engines}
+    rounds = {m: [0] * len(setup.prompts) for m in engines}
+    accept_lens = {m: [] for m in engines}
+    compile_s = {m: 0.0 for m in engines}
+    times = {m: [[] for _ in setup.prompts] for m in engines}
+    with tqdm(total=len(engines) * len(setup.prompts) * (1 + args.repeats), desc="demo", unit="run") as bar:
+        for i, ids in enumerate(setup.prompts):
+            for m, eng in engines.items():  # first run: compiles (a new prefill bucket) and records every round
+                bar.set_postfix_str(f"prompt {i + 1} {m} (first run)")
+                state, s, lens = decode_rounds(eng, ids, args.max_new)
+                compile_s[m] += s
+                accept_lens[m] += lens
+                res = Engine.result(state)
+                tokens[m][i], rounds[m][i] = res.tokens[0], int(res.num_rounds[0])
                 bar.update()
-    median_s = {name: float(np.median(ts)) for name, ts in run_s.items()}
-    run_s = {name: float(np.min(ts)) for name, ts in run_s.items()}
+            for _ in range(args.repeats):  # interleaved, so a change in the machine's load hits every mode alike
+                for m, eng in engines.items():
+                    bar.set_postfix_str(f"prompt {i + 1} {m}")
+                    state, s = decode_timed(eng, ids, args.max_new)
+                    times[m][i].append(s)
+                    if not np.array_equal(Engine.result(state).tokens[0], tokens[m][i]):
+                        print(f"{m}: prompt {i}: a timed run decoded other tokens than the first run")
+                        return 1
+                    bar.update()
+    run_s = {m: float(sum(min(t) for t in times[m])) for m in engines}
+    median_s = {m: float(sum(np.median(t) for t in times[m])) for m in engines}
+    results = {m: {"tokens": tokens[m], "accept": float(np.mean(accept_lens[m])) if m != "plain" else 1.0}
+               for m in engines}
 
     ok = True
-    plain = results["plain"]
-    for name in names:
-        same = all(np.array_equal(a, b) for a, b in zip(results[name].tokens, plain.tokens))
-        ok &= same
-        if not same:
-            bad = [i for i, (a, b) in enumerate(zip(results[name].tokens, plain.tokens)) if not np.array_equal(a, b)]
-            print(f"{name}: outputs DIFFER from plain decoding for requests {bad}")
+    for m in names:
+        bad = [i for i, (a, b) in enumerate(zip(tokens[m], tokens["plain"])) if not np.array_equal(a, b)]
+        ok &= not bad
+        if bad:
+            print(f"{m}: outputs DIFFER from plain decoding for prompts {bad}")
     print()
-    print(f"{'mode':<8}{'accept len':>12}{'tokens/s':>12}{'run s':>10}{'compile s':>11}{'median s':>10}")
-    for name, res in results.items():
-        toks = sum(len(t) for t in res.tokens)
-        print(f"{name:<8}{res.mean_accept_length:>12.3f}{toks / run_s[name]:>12.1f}{run_s[name]:>10.3f}"
-              f"{compile_s[name]:>11.1f}{median_s[name]:>10.3f}")
+    print(_table(results, run_s, compile_s, median_s))
     print()
-    # One loop iteration = one plain decode step or one speculative round (the batch's longest request).
-    step_s = run_s["plain"] / max(1, int(plain.num_rounds.max()))
-    for name in names:
-        res = results[name]
-        round_s = run_s[name] / max(1, int(res.num_rounds.max()))
-        print(f"{name}: {run_s['plain'] / run_s[name]:.2f}x plain tokens/s ({res.mean_accept_length:.2f} tokens per "
-              f"round; a round costs {round_s / step_s:.2f} plain decode steps; medians: "
-              f"{median_s['plain'] / median_s[name]:.2f}x)")
-    print(WHY.format(layers=model.cfg.num_hidden_layers, mtp=model.num_mtp_layers))
+    step_s = run_s["plain"] / max(1, sum(rounds["plain"]))  # one loop iteration: a plain step or a round
+    speedups = {}
+    for m in names:
+        round_s = run_s[m] / max(1, sum(rounds[m]))
+        speedups[m] = run_s["plain"] / run_s[m]
+        print(f"{m}: {speedups[m]:.2f}x plain tokens/s ({results[m]['accept']:.2f} tokens per round; a round costs "
+              f"{round_s / step_s:.2f} plain decode steps; medians: {median_s['plain'] / median_s[m]:.2f}x)")
+
+    # Where a round's time goes: its parts timed alone at the prompts' mean context.
+    prefix = int(np.mean([len(p) for p in setup.prompts])) + args.max_new // 2
+    reps = max(3, args.repeats)
+    one = forward_cost(setup.target, 1, prefix, args.page_size, reps)
+    ratios = {}
     print()
-    for i in range(min(3, len(texts))):
-        print(f"  {texts[i]!r} -> {vocab.decode(plain.tokens[i])!r}")
+    print(f"where the time goes (each part alone, fastest of {reps}, context {prefix}): a one-row target forward "
+          f"{1e3 * one:.1f} ms, a plain step {1e3 * step_s:.1f} ms")
+    for m in names:
+        spec = specs[m]
+        verify = forward_cost(setup.target, spec.num_draft_tokens, prefix, args.page_size, reps)
+        draft = draft_cost(setup.target, setup.drafter, spec, prefix, args.page_size, reps)
+        round_s = run_s[m] / max(1, sum(rounds[m]))
+        ratios[m] = verify / one
+        acc = acceptance_per_position(accept_lens[m], spec.num_steps)
+        print(f"  {m}: round {1e3 * round_s:.1f} ms = verify forward ({spec.num_draft_tokens} rows) "
+              f"{1e3 * verify:.1f} ms ({verify / one:.2f} one-row forwards) + draft (propose {spec.num_steps} steps + "
+              f"extend over {spec.num_draft_tokens} rows) {1e3 * draft:.1f} ms + bookkeeping and loop "
+              f"{1e3 * (round_s - verify - draft):.1f} ms")
+        print(f"  {m}: drafts accepted per position (of {len(accept_lens[m])} rounds): "
+              + ", ".join(f"{k + 1}: {a:.0%}" for k, a in enumerate(acc)))
+    if args.device == "cpu":
+        cpu = WHY_CPU.format(ratios=" / ".join(f"{r:.2f} ({m}, {specs[m].num_draft_tokens} rows)"
+                                               for m, r in ratios.items()))
+    else:
+        cpu = ""
+    print(WHY.format(cpu=cpu))
+    best = max(speedups.values())
+    if args.weights is None and args.device == "cpu":
+        verdict = "met" if best >= TARGET_SPEEDUP else "NOT met"
+        print(f"target on this CPU: speculative >= {TARGET_SPEEDUP}x plain tokens/s at batch 1: {verdict} "
+              f"(best {best:.2f}x)")
+    if H200_FIGURES and args.weights is None:
+        print(f"the same demo on the H200 ({H200_FIGURES_SOURCE}):")
+        plain_h = H200_FIGURES.get("plain", (1.0, 0.0))[1]
+        for m, (acc_len, tps) in H200_FIGURES.items():
+            extra = f"  {tps / plain_h:.2f}x plain" if m != "plain" and plain_h else ""
+            print(f"  H200 {m:<6} accept len {acc_len:.3f}  tokens/s {tps:.1f}{extra}")
+    print()
+    for i, t in enumerate(setup.texts):
+        print(f"  {t!r}\n    -> {setup.show(tokens['plain'][i])!r}")
     print()
     if not ok:
         print("outputs differ")
