@@ -170,7 +170,7 @@ def main(argv=None):
             for n in ns:
                 mask = "tree" if n == 8 else ("chain" if n > 1 else "decode")
                 a = make_case(rng, batch, prefix, n, mask)
-                impl = resolve_attention_implementation(args.backend, a["q"], G, False)
+                impl = resolve_attention_implementation(args.backend, a["q"], G, False, hkv=a["k_new"].shape[2])
                 ours = lambda **kw: paged_attention(**kw, page_size=G, sm_scale=scale, implementation=impl)  # noqa
                 ref = lambda **kw: paged_attention_reference(**kw, page_size=G, sm_scale=scale)  # noqa: E731
                 want = np.asarray(ref(**a).astype(jnp.float32))

@@ -16,6 +16,7 @@ reference and the kernel (a dropped write or a slot-0 read; see each module); ch
 (``jaxspec.checks()``) flags them before anything is written.
 """
 
+from jaxspec.kernels._backend import Implementation as Implementation
 from jaxspec.kernels.cache_locs import assign_draft_cache_locs as assign_draft_cache_locs
 from jaxspec.kernels.cache_locs import assign_extend_cache_locs as assign_extend_cache_locs
 from jaxspec.kernels.cache_locs import assign_extend_cache_locs_uniform as assign_extend_cache_locs_uniform

@@ -201,7 +201,25 @@ def interop_style_violations(sources) -> list[str]:
     return bad
 
 
-RULES = {"layers": layer_violations, "cycles": cycle_violations, "forbidden": forbidden_violations,
+def implementation_type_violations(sources) -> list[str]:
+    """A public kernel function (or ``__call__``) whose ``implementation`` parameter is not typed
+    ``Implementation``, the one ``Literal`` of what a caller may ask for."""
+    bad = []
+    for name, (path, text) in sorted(sources.items()):
+        if not _in(name, KERNELS):
+            continue
+        for node in ast.walk(_parse(text)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and (
+                    not node.name.startswith("_") or node.name == "__call__"):
+                a = node.args
+                for arg in a.posonlyargs + a.args + a.kwonlyargs:
+                    if arg.arg == "implementation" and not (
+                            isinstance(arg.annotation, ast.Name) and arg.annotation.id == "Implementation"):
+                        bad.append(f"{path}:{arg.lineno} {node.name}(implementation=...) is not typed Implementation")
+    return bad
+
+
+RULES = {"implementation_type": implementation_type_violations, "layers": layer_violations, "cycles": cycle_violations, "forbidden": forbidden_violations,
          "backends": backend_violations, "interop_style": interop_style_violations}
 
 
@@ -265,6 +283,9 @@ PLANTED = [  # (rule, module, planted source, what the violation names)
      "outside its backend module"),
     ("backends", "jaxspec.kernels.kv_move", 'X = "jax.experimental.pallas.mosaic_gpu"', "names"),
     ("backends", "jaxspec.ops.tree", "from jax._src import core", "imports private jax._src"),
+    ("implementation_type", "jaxspec.kernels.cache_locs", "def f(x, *, implementation: str = 'auto'):\n    pass",
+     "f(implementation=...) is not typed Implementation"),
+    ("implementation_type", "jaxspec.kernels.kv_move", "def g(implementation='auto'):\n    pass", "g(implementation"),
     ("interop_style", "jaxspec.interop.harness", "X = 1\nimport os", "module-level import after code"),
     ("interop_style", "jaxspec.interop.check", "from jaxspec.kernels.kv_move import _move", "imports private"),
     ("interop_style", "jaxspec.interop.check", "Y = registry._OPS", "uses private registry._OPS"),
