@@ -81,7 +81,7 @@ def breakdown(eng, state, reps: int) -> dict:
     from jaxspec import round as rnd
     from jaxspec.engine.step import append_tokens
 
-    models, opts, spec = _models_fn(eng), eng.opts, eng.opts.spec
+    models, opts, spec = _models_fn(eng), eng.opts, eng.opts.specs[0]
     kw = dict(implementation=opts.implementation, interpret=opts.interpret)
     b = state.seq_lens.shape[0]
     params = eng.params
@@ -92,7 +92,7 @@ def breakdown(eng, state, reps: int) -> dict:
 
     def e2e_prep(params, state):
         target, drafter = models(params)
-        draft, _ = drafter.propose(spec, state.draft, state.bonus, root(state))
+        draft, _ = drafter.propose(spec, state.draft[0], state.bonus, root(state))
         r2t = state.target_cache.req_to_token
         plan = rnd.plan_verify(spec, state.bonus, draft, state.seq_lens, r2t, page_size=g, **kw)
         n, v, f = spec.num_draft_tokens, target.vocab_size, target.feature_size
@@ -110,7 +110,7 @@ def breakdown(eng, state, reps: int) -> dict:
     # the state's small fields (no caches) for the pieces that read them
     aux["state"] = dataclasses.replace(state, target_cache=dataclasses.replace(
         state.target_cache, k=jnp.zeros((0,), state.target_cache.k.dtype), v=jnp.zeros((0,), state.target_cache.v.dtype)),
-        draft=None)
+        draft=())
 
     def draft_piece(params, aux, c):
         dstate, acc = c
@@ -140,7 +140,7 @@ def breakdown(eng, state, reps: int) -> dict:
         return jnp.zeros((), jnp.int32)
 
     res = dict(prep_compile_s=prep_s)
-    ms, cs, _ = time_piece(("draft", id(eng)), draft_piece, params, aux, (state.draft, zero()), reps)
+    ms, cs, _ = time_piece(("draft", id(eng)), draft_piece, params, aux, (state.draft[0], zero()), reps)
     res.update(draft_ms=ms, draft_compile_s=cs)
     ms, cs, (cache, _) = time_piece(("verify", id(eng)), verify_piece, params, aux, (state.target_cache, zero()), reps)
     res.update(verify_ms=ms, verify_compile_s=cs)

@@ -117,9 +117,8 @@ class Engine:
         for x in specs or (None,):
             thresholds = check_verify(verify, threshold_single, threshold_acc, x, drafter)
         self.opts = EngineOptions(
-            spec=None if adaptive is not None or not specs else specs[0], page_size=page_size,
-            implementation=implementation, interpret=interpret, verify=verify, threshold_single=thresholds[0],
-            threshold_acc=thresholds[1], specs=specs if adaptive is not None else (), adaptive=adaptive,
+            specs=specs, page_size=page_size, implementation=implementation, interpret=interpret, verify=verify,
+            threshold_single=thresholds[0], threshold_acc=thresholds[1], adaptive=adaptive,
         )
         self.simulate_accept = simulate_accept
         self.round_costs: dict[int, np.ndarray] = {}  # adaptive: batch bucket -> seconds per round of each mode
@@ -132,7 +131,7 @@ class Engine:
         self.seed = seed
         self.target, self.drafter = target, drafter
         self.pool_bytes = check_pool_bytes(  # drafter.kv_bytes_per_slot also checks spec
-            target, drafter, self.opts.draft_specs, num_pages=self.num_pages, page_size=page_size,
+            target, drafter, self.opts.specs, num_pages=self.num_pages, page_size=page_size,
             max_batch=max_batch, max_context=max_context, limit=memory_limit_bytes)
         self.graphdef, self._treedef, self.params = split_models(target, drafter)
         self._entries: dict[bool, EntryPoints] = {}  # checks -> jitted entry points (_entry_points)
@@ -158,10 +157,7 @@ class Engine:
         r2t[:n] = make_req_to_token(n, self.max_context, self.page_size, num_pages=self.num_pages, seed=self.seed)
         num_slots = self.num_pages * self.page_size
         tcache = self.target.make_cache(r2t, num_slots)
-        draft = None
-        if self.drafter is not None:
-            draft = tuple(self.drafter.init_state(spec, r2t, num_slots) for spec in self.opts.draft_specs)
-            draft = draft if self.opts.adaptive is not None else draft[0]
+        draft = tuple(self.drafter.init_state(spec, r2t, num_slots) for spec in self.opts.specs)
         check_distinct_buffers(target_cache=tcache, draft=draft)
         policy = None
         if self.opts.adaptive is not None:  # uncalibrated (calibrate itself): equal costs, never read there
@@ -170,7 +166,7 @@ class Engine:
             policy = init_policy_state(cost, draft_spec_max_accept(self.opts.specs), learned)
         simulate = None
         if self.simulate_accept is not None:
-            simulate = jnp.asarray(self.simulate_accept.table(max(x.num_steps + 1 for x in self.opts.draft_specs)))
+            simulate = jnp.asarray(self.simulate_accept.table(max(x.num_steps + 1 for x in self.opts.specs)))
         state = allocate_state(tcache, draft, num_requests=n, max_new_tokens=mnt, eos_id=self.eos_id,
                                sampling=sampling, vocab_size=self.vocab_size, policy=policy, simulate=simulate)
         return state, jnp.asarray(padded), jnp.asarray(lens)

@@ -5,8 +5,6 @@ committed lengths, the bonus/last token, the output buffer, per-request stop sta
 """
 
 import dataclasses
-from typing import Any
-
 import jax
 
 from jaxspec.config import SpecConfig
@@ -18,7 +16,8 @@ from jaxspec.protocols import PagedKVCache
 class EngineOptions:
     """Static (hashable) options of the compiled loops.
 
-    spec: the speculative config, or ``None`` for plain greedy decoding.
+    specs: the draft shapes the loop runs: ``()`` for plain decoding, one ``SpecConfig`` (every round
+      speculates with it), or the adaptive engine's shapes (modes ``1..``, mode 0 = plain).
     page_size: ``G`` of the KV pages (static in every ``AttentionMetadata``).
     implementation / interpret: forwarded to the ``jaxspec.kernels`` ops of the round ("auto" = jnp
       reference on CPU, Pallas on GPU; "pallas" + ``interpret=True`` runs the Pallas kernels interpreted).
@@ -27,29 +26,23 @@ class EngineOptions:
       chains only). Greedy batches always verify greedily.
     threshold_single / threshold_acc: SGLang's acceptance thresholds of ``"target_only"`` (1.0 / 1.0 =
       lossless; smaller values accept more drafts and bias the output distribution).
-    adaptive / specs: adaptive speculation (``jaxspec.engine.policy``): the draft shapes ``specs`` (modes
-      ``1..``, mode 0 = plain) chosen per round by ``adaptive``; ``spec`` is ``None`` then.
+    adaptive: adaptive speculation (``jaxspec.engine.policy``): the policy that chooses per round between
+      plain decoding and the draft shapes ``specs``; ``None``: every round speculates with ``specs[0]``.
     """
 
-    spec: SpecConfig | None = None
+    specs: tuple[SpecConfig, ...] = ()
     page_size: int = 1
     implementation: str = "auto"
     interpret: bool = False
     verify: str = "target_only"
     threshold_single: float = 1.0
     threshold_acc: float = 1.0
-    specs: tuple[SpecConfig, ...] = ()
     adaptive: AdaptivePolicy | None = None
-
-    @property
-    def draft_specs(self) -> tuple[SpecConfig, ...]:
-        """The draft shapes the loop runs: ``(spec,)``, the adaptive ``specs``, or ``()`` (plain)."""
-        return self.specs if self.adaptive is not None else (() if self.spec is None else (self.spec,))
 
     @property
     def verify_width(self) -> int:
         """Tokens a round writes past ``seq_lens`` (the largest ``N``; 1 for plain decoding)."""
-        return max([1] + [s.num_draft_tokens for s in self.draft_specs])
+        return max([1] + [s.num_draft_tokens for s in self.specs])
 
 
 @jax.tree_util.register_dataclass
@@ -75,9 +68,10 @@ class DecodeState:
     """State of a decode batch (row ``b`` of every array is request row ``b`` of ``req_to_token``).
 
     target_cache: the target's paged KV (``TargetModel.make_cache``).
-    draft: the drafter's state (``Drafter.init_state``; its KV shares the target's slot ids), a tuple of
-      them (one per draft shape) in adaptive engines, or ``None`` for plain decoding.
-    seq_lens: i32[B] committed target-KV length (ops-spec §0.3: the bonus token is not yet committed).
+    draft: the drafter's states (``Drafter.init_state``; their KV shares the target's slot ids), one per
+      draft shape of ``EngineOptions.specs`` (``()`` for plain decoding).
+    seq_lens: i32[B] committed target-KV length (the bonus token is not yet committed: it is the next
+      round's root, written by that round's verify forward).
     bonus: i32[B] the last generated token (root of the next verify tree / next plain input).
     out_tokens: i32[B, T] generated tokens (prefill's first token included), zero padded; ``T`` is a
       power-of-two bucket of the largest ``max_new_tokens`` (one executable for many limits).
@@ -95,7 +89,7 @@ class DecodeState:
     """
 
     target_cache: PagedKVCache
-    draft: Any
+    draft: tuple
     seq_lens: jax.Array
     bonus: jax.Array
     out_tokens: jax.Array

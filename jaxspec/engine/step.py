@@ -92,7 +92,7 @@ def prefill(target, drafter, opts: EngineOptions, state: DecodeState, prompts: j
     The first token becomes the bonus and the first output; ``seq_lens = prompt_lens``. Greedy
     (``state.all_greedy``): the argmax. Else sampled with the keys ``fold_in(key(seed), 0)`` (split: the
     token's coin, and the drafter's coins in ``verify="draft_probs"``, one key per drafter state).
-    Adaptive engines extend the drafter state of every draft shape.
+    The drafter extends its state of every draft shape in ``opts.specs``.
     """
     b, p = prompts.shape
     r2t = state.target_cache.req_to_token
@@ -100,7 +100,7 @@ def prefill(target, drafter, opts: EngineOptions, state: DecodeState, prompts: j
     logits, hidden, tcache = target.forward(prompts, meta, state.target_cache)
     rows = jnp.arange(b, dtype=jnp.int32)
     last = logits[rows, prompt_lens - 1]
-    specs = opts.draft_specs
+    specs = opts.specs
     keys = None
     if state.all_greedy:
         first = _greedy(last)
@@ -114,31 +114,29 @@ def prefill(target, drafter, opts: EngineOptions, state: DecodeState, prompts: j
             kw = {}
             if keys is not None and _draft_probs_mode(opts, state):
                 kw = dict(sampling=_draft_sampling(state, keys[:, 1 + i], spec.num_steps))
-            old = draft[i] if opts.adaptive is not None else draft
-            states.append(drafter.extend_after_prefill(spec, old, prompts, hidden, meta, prompt_lens, first, **kw))
-        draft = tuple(states) if opts.adaptive is not None else states[0]
+            states.append(drafter.extend_after_prefill(spec, draft[i], prompts, hidden, meta, prompt_lens, first, **kw))
+        draft = tuple(states)
     state = dataclasses.replace(state, target_cache=tcache, draft=draft, seq_lens=prompt_lens, bonus=first)
     out, num, done = append_tokens(state, first[:, None], jnp.ones((b,), jnp.int32))
     return dataclasses.replace(state, out_tokens=out, num_generated=num, done=done)
 
 
-def spec_step(target, drafter, opts: EngineOptions, state: DecodeState, which: int | None = None) -> DecodeState:
+def spec_step(target, drafter, opts: EngineOptions, state: DecodeState, which: int = 0) -> DecodeState:
     """One speculative round for the whole batch (traced). Requests already ``done`` are computed but
     frozen (their writes stay inside their own, already reserved window).
 
     Sampling batches (``not state.all_greedy``): each request's round keys are
     ``split(fold_in(key(seed), 1 + num_rounds), 3)`` (verify coins ``(N,)`` + final coin, drafter coins
-    ``(S,)``); ``round.commit`` verifies with ``opts.verify``. ``which``: adaptive engines, the index of the
-    draft shape in ``opts.specs`` (its drafter state is ``state.draft[which]``). With ``state.simulate``
+    ``(S,)``); ``round.commit`` verifies with ``opts.verify``. ``which``: the index of the round's draft shape in
+    ``opts.specs`` (its drafter state is ``state.draft[which]``). With ``state.simulate``
     (benchmarking) the accept lengths are drawn from it (keys ``fold_in(fold_in(key(seed), -(1 + num_rounds)),
     row)``: rows with equal seeds still draw apart)."""
-    spec = opts.spec if which is None else opts.specs[which]
+    spec = opts.specs[which]
     kw = _kernel_kw(opts)
     seq, r2t = state.seq_lens, state.target_cache.req_to_token
     active = ~state.done
     root = rnd.root_metadata(seq, r2t, page_size=opts.page_size, **_kernel_kw(opts))
-    dstate_in = state.draft if which is None else state.draft[which]
-    draft, dstate = drafter.propose(spec, dstate_in, state.bonus, root)
+    draft, dstate = drafter.propose(spec, state.draft[which], state.bonus, root)
     plan = rnd.plan_verify(spec, state.bonus, draft, seq, r2t, page_size=opts.page_size, **kw)
     logits, hidden, tcache = target.forward(plan.tokens, plan.meta, state.target_cache)
     ext = {}
@@ -171,12 +169,10 @@ def spec_step(target, drafter, opts: EngineOptions, state: DecodeState, which: i
         spec, dstate, out.window_tokens, out.window_hidden, out.draft_meta, out.accept_lens, **ext
     )
     out_tokens, num, done = append_tokens(state, out.accepted, out.accept_lens)
-    if which is not None:
-        dstate = tuple(dstate if i == which else d for i, d in enumerate(state.draft))
     return dataclasses.replace(
         state,
         target_cache=out.cache,
-        draft=dstate,
+        draft=tuple(dstate if i == which else d for i, d in enumerate(state.draft)),
         seq_lens=out.seq_lens,
         bonus=out.bonus,
         out_tokens=out_tokens,
@@ -272,7 +268,7 @@ def decode_step(target, drafter, opts: EngineOptions, state: DecodeState) -> Dec
     ``adaptive_step``, ``spec_step`` or ``plain_step`` by ``opts``."""
     if opts.adaptive is not None:
         return adaptive_step(target, drafter, opts, state)
-    return plain_step(target, opts, state) if drafter is None else spec_step(target, drafter, opts, state)
+    return spec_step(target, drafter, opts, state) if opts.specs else plain_step(target, opts, state)
 
 
 def draft_spec_max_accept(specs: tuple[SpecConfig, ...]) -> tuple[float, ...]:
