@@ -22,6 +22,8 @@ from jaxspec.kernels.paged_attention import (
     qmask_from_bits,
     resolve_attention_implementation,
 )
+from jaxspec.kernels import _attention_parts as AP
+from jaxspec.kernels import _backend as B
 from jaxspec.testing import random_tree_qmask
 
 TOL = {jnp.float32: 1e-5, jnp.float16: 2.0**-9, jnp.bfloat16: 2.0**-6}
@@ -127,6 +129,111 @@ def test_auto_resolves_to_something_that_runs():
     assert resolve_attention_implementation("reference", q, 1, False) == "reference"
     with pytest.raises(ValueError, match="mosaic"):
         resolve_attention_implementation("mosaic", q, 1, False)  # page size 1: not for the Mosaic kernel
+
+
+# ----------------------------------------------------------------------------------------------------
+# shared memory: each kernel's need from its tiles, and what ``auto`` picks (device query monkeypatched)
+
+
+def test_smem_estimates_bound_what_the_h200_reported():
+    """The Triton kernel's bound for its old untiled plan at f32, head_dim 64, 1024 rows, 2 stages is at least
+    what XLA requested on the H200 (411648 bytes, over the 232448 a block may use); every plan the kernels
+    pick fits the limit, for f32 / bf16 / f16 and head_dim 64 / 128 / 256."""
+    assert AP.SMEM_LIMIT == 232448
+    assert AP.triton_smem_bytes(1024, 64, 4, stages=2) >= 411648 > AP.SMEM_LIMIT
+    for itemsize in (4, 2):
+        for e in (24, 64, 128, 256):
+            for num_rows in (1, 3, 40, 600, 4096):
+                rows, tile, stages = AP.triton_plan(num_rows, e, itemsize)
+                assert rows == max(16, 1 << (num_rows - 1).bit_length()) and rows % tile == 0
+                assert AP.triton_smem_bytes(tile, e, itemsize, stages=stages) <= AP.SMEM_LIMIT
+                if tile < rows:  # the largest fitting tile: twice as many rows would not fit
+                    assert AP.triton_smem_bytes(2 * tile, e, itemsize, stages=stages) > AP.SMEM_LIMIT
+    assert AP.triton_plan(600, 64, 4)[1] < 1024  # the failing case now runs in row tiles
+    for e in (64, 128, 256):
+        for g in (16, 64, 128):
+            block, stages = AP.mosaic_plan(e, 2, g)
+            assert block == max(64, g) and stages in (1, 2)
+            assert AP.mosaic_smem_bytes(e, 2, block=block, stages=stages) <= AP.SMEM_LIMIT
+    assert AP.mosaic_plan(256, 2, 128) == (128, 1)  # two 128-token stages of 256-wide K and V would not fit
+    assert AP.triton_plan(16, 8192, 4) is None and AP.mosaic_plan(8192, 2, 16) is None
+
+
+@pytest.fixture
+def hopper(monkeypatch):
+    """Resolve as on an H200 with both Pallas lowerings."""
+    monkeypatch.setattr(B, "gpu_available", lambda: True)
+    monkeypatch.setattr(B, "hopper_available", lambda: True)
+    monkeypatch.setattr(B, "backend_available", lambda name: True)
+    return monkeypatch
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16, jnp.float16])
+@pytest.mark.parametrize("e", [64, 128, 256, 96])
+@pytest.mark.parametrize("nq", [1, 200])
+def test_auto_on_hopper_picks_a_kernel_that_fits(hopper, dtype, e, nq):
+    """``auto`` on Hopper: the Mosaic kernel for bf16 / fp16 with head_dim a multiple of 64, else the Triton kernel
+    (f32 KV included, in row tiles that fit); decode and a 200-token prefill of 9 query / 3 KV heads."""
+    q = jnp.zeros((1, nq, 9, e), dtype)
+    want = "mosaic" if dtype != jnp.float32 and e % 64 == 0 else "triton"
+    assert resolve_attention_implementation("auto", q, 16, False, hkv=3) == want
+    assert resolve_attention_implementation("pallas", q, 16, False, hkv=3) == want
+    if want == "triton":
+        with pytest.raises(ValueError, match="mosaic kernel does not support"):
+            resolve_attention_implementation("mosaic", q, 16, False, hkv=3)
+        rows, tile, stages = AP.triton_plan(nq * 3, e, q.dtype.itemsize)
+        assert AP.triton_smem_bytes(tile, e, q.dtype.itemsize, stages=stages) <= AP.SMEM_LIMIT
+
+
+def test_auto_falls_back_where_no_kernel_fits_or_runs(hopper):
+    """No kernel's tiles fit (a huge head): ``auto`` runs the reference and ``pallas`` says why; a GPU without
+    Hopper takes the Triton kernel for bf16; a jax without the Triton lowering: the reference, with a warning."""
+    huge = jnp.zeros((1, 1, 2, 8192), jnp.float32)
+    assert resolve_attention_implementation("auto", huge, 16, False, hkv=1) == "reference"
+    with pytest.raises(ValueError, match="does not fit shared memory"):
+        resolve_attention_implementation("pallas", huge, 16, False, hkv=1)
+    q = jnp.zeros((1, 4, 8, 128), jnp.bfloat16)
+    hopper.setattr(B, "hopper_available", lambda: False)
+    assert resolve_attention_implementation("auto", q, 16, False, hkv=2) == "triton"
+    with pytest.raises(ValueError, match="needs a Hopper GPU"):
+        resolve_attention_implementation("mosaic", q, 16, False, hkv=2)
+    hopper.setattr(B, "backend_available", lambda name: False)
+    hopper.setattr(B, "_warned", set())
+    with pytest.warns(B.PallasBackendWarning, match="no Pallas triton lowering"):
+        assert resolve_attention_implementation("auto", q.astype(jnp.float32), 16, False, hkv=2) == "reference"
+
+
+def test_triton_row_tiles_equal_one_tile():
+    """The Triton kernel split into row tiles (``max_tile``: 4 programs of 16 rows per KV head) computes the
+    partials of one 64-row program (to f32 rounding: the dots block differently); interpret mode."""
+    from jaxspec.kernels import paged_attention_triton as T
+
+    a, g = _case(5, b=2, nq=12, hq=4, hkv=1, e=32, g=16, pages=12, p_width=4, lens=[37, 60])
+    args = (a["q"], 1, a["k_pool"], a["v_pool"], a["page_table"], a["prefix_lens"])
+    kw = dict(page_size=g, sm_scale=0.2, num_splits=2, interpret=True)
+    whole, tiled = T.prefix_partials(*args, **kw), T.prefix_partials(*args, max_tile=16, **kw)
+    assert whole[0].shape == tiled[0].shape == (2, 1, 2, 64, 32)
+    for w, t in zip(whole, tiled):
+        np.testing.assert_allclose(np.asarray(t), np.asarray(w), rtol=1e-5, atol=1e-4)  # f32 dot blocking
+
+
+SMEM_GPU_CASES = [(d, e, nq) for d in (jnp.float32, jnp.bfloat16, jnp.float16) for e in (64, 128, 256) for nq in (1, 5, 200)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype,e,nq", SMEM_GPU_CASES)
+def test_gpu_auto_runs_every_dtype_and_head_dim(dtype, e, nq):
+    """``auto`` on the GPU for f32 / bf16 / fp16 KV and head_dim 64 / 128 / 256: decode, verify and a 200-token
+    prefill (9 query / 3 KV heads, 600 query rows per KV head: the f32 case that once asked for more shared
+    memory than a block has) against the reference."""
+    seed = int(np.random.SeedSequence().entropy % 2**31)
+    a, g = _case(seed, b=2, nq=nq, hq=9, hkv=3, e=e, g=16, pages=100, p_width=40, dtype=dtype,
+                 mask="causal" if nq > 1 else "ones")
+    want = _run(a, g, "reference")
+    got = _run(a, g, "auto")
+    np.testing.assert_allclose(np.asarray(got.astype(jnp.float32)), np.asarray(want.astype(jnp.float32)),
+                               atol=TOL[dtype], err_msg=f"seed {seed} impl "
+                               f"{resolve_attention_implementation('auto', a['q'], g, False, hkv=3)}")
 
 
 def test_bad_arguments_raise():
