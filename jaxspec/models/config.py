@@ -1,6 +1,7 @@
 """Static, hashable configuration of the Llama-family decoders (``DecoderConfig``, read from ``config.json``)."""
 
 import dataclasses
+import math
 
 
 # --- Hugging Face Llama-family decoders (Llama 2/3, Qwen2/2.5, Mistral) -------------------------------------
@@ -41,7 +42,18 @@ class DecoderConfig:
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ValueError(f"DecoderConfig.{name} must be a positive int, got {v!r}")
-        if not isinstance(self.num_nextn_predict_layers, int) or self.num_nextn_predict_layers < 0:
+        for name in ("rms_norm_eps", "rope_theta"):
+            v = getattr(self, name)
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not (math.isfinite(v) and v > 0):
+                raise ValueError(f"DecoderConfig.{name} must be a finite number > 0, got {v!r}")
+        for name in ("attention_bias", "tie_word_embeddings"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"DecoderConfig.{name} must be a bool, got {getattr(self, name)!r}")
+        if self.sliding_window is not None and (not isinstance(self.sliding_window, int)
+                                                or isinstance(self.sliding_window, bool) or self.sliding_window < 1):
+            raise ValueError(f"DecoderConfig.sliding_window must be None or a positive int, got {self.sliding_window!r}")
+        if (not isinstance(self.num_nextn_predict_layers, int) or isinstance(self.num_nextn_predict_layers, bool)
+                or self.num_nextn_predict_layers < 0):
             raise ValueError("DecoderConfig.num_nextn_predict_layers must be an int >= 0, "
                              f"got {self.num_nextn_predict_layers!r}")
         if self.model_type not in SUPPORTED_MODEL_TYPES:
@@ -64,29 +76,43 @@ class DecoderConfig:
 
     @classmethod
     def from_hf(cls, hf: dict) -> "DecoderConfig":
-        """Validate a Hugging Face ``config.json`` dict; anything this decoder cannot run raises ``ValueError``."""
+        """Validate a Hugging Face ``config.json`` dict; anything this decoder cannot run raises ``ValueError``
+        naming the field (a missing required field, a value of the wrong type or range, a quantized checkpoint)."""
+        if not isinstance(hf, dict):
+            raise ValueError(f"config.json: expected a JSON object, got {type(hf).__name__}")
         mt = hf.get("model_type")
         if mt not in SUPPORTED_MODEL_TYPES:
             raise ValueError(f"config.json model_type: expected one of {SUPPORTED_MODEL_TYPES}, got {mt!r}")
-        act = hf.get("hidden_act", "silu")
+        if hf.get("quantization_config") is not None:
+            q = hf["quantization_config"]
+            method = q.get("quant_method", q.get("load_in_8bit") and "bitsandbytes") if isinstance(q, dict) else q
+            raise ValueError(f"config.json quantization_config: quantized checkpoints ({method!r}) are not supported "
+                             "(their integer tensors and scales are not float weights)")
+        act = _field(hf, "hidden_act", "silu", str)
         if act != "silu":
             raise ValueError(f"config.json hidden_act: only 'silu' (SwiGLU) is supported, got {act!r}")
-        if hf.get("mlp_bias"):
+        if _field(hf, "mlp_bias", False, bool):
             raise ValueError("config.json mlp_bias: true is not supported (no MLP bias in Llama/Qwen2/Mistral)")
         scaling = _rope_scaling(hf)
-        heads = hf["num_attention_heads"]
-        head_dim = hf.get("head_dim") or hf["hidden_size"] // heads
-        window = hf.get("sliding_window")
-        if mt == "qwen2" and not hf.get("use_sliding_window", False):
+        sizes = {k: _field(hf, k, _REQUIRED, int) for k in
+                 ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")}
+        heads = sizes["num_attention_heads"]
+        head_dim = _field(hf, "head_dim", None, int)
+        if head_dim is None:
+            if heads < 1 or sizes["hidden_size"] % heads:
+                raise ValueError(f"config.json head_dim: absent, and hidden_size ({sizes['hidden_size']}) is not a "
+                                 f"multiple of num_attention_heads ({heads})")
+            head_dim = sizes["hidden_size"] // heads
+        kv_heads = _field(hf, "num_key_value_heads", None, int)
+        window = _field(hf, "sliding_window", None, int)
+        if mt == "qwen2" and not _field(hf, "use_sliding_window", False, bool):
             window = None
         return cls(
-            vocab_size=hf["vocab_size"], hidden_size=hf["hidden_size"], intermediate_size=hf["intermediate_size"],
-            num_hidden_layers=hf["num_hidden_layers"], num_attention_heads=heads,
-            num_key_value_heads=hf.get("num_key_value_heads") or heads, head_dim=head_dim,
-            rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)), rope_theta=float(_rope_theta(hf)),
-            rope_scaling=scaling, attention_bias=bool(hf.get("attention_bias", mt == "qwen2")),
-            tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)), sliding_window=window,
-            num_nextn_predict_layers=int(hf.get("num_nextn_predict_layers", 0)), model_type=mt,
+            **sizes, num_key_value_heads=heads if kv_heads is None else kv_heads, head_dim=head_dim,
+            rms_norm_eps=_field(hf, "rms_norm_eps", 1e-6, float), rope_theta=_rope_theta(hf),
+            rope_scaling=scaling, attention_bias=_field(hf, "attention_bias", mt == "qwen2", bool),
+            tie_word_embeddings=_field(hf, "tie_word_embeddings", False, bool), sliding_window=window,
+            num_nextn_predict_layers=_field(hf, "num_nextn_predict_layers", 0, int), model_type=mt,
         )
 
     def to_hf(self) -> dict:
@@ -106,15 +132,44 @@ class DecoderConfig:
         return d
 
 
+_REQUIRED = object()
+
+
+def _field(hf: dict, key: str, default, kind: type, where: str = ""):
+    """``hf[key]`` checked to be a ``kind`` (``int``: not a bool; ``float``: any finite real, not a bool) or
+    ``default`` when absent or null; ``ValueError`` naming the field otherwise (``_REQUIRED``: must be there)."""
+    v = hf.get(key)
+    if v is None:
+        if default is _REQUIRED:
+            raise ValueError(f"config.json: required field {where + key!r} is missing")
+        return default
+    if kind is float:
+        ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+        want = "a finite number"
+    elif kind is int:
+        ok, want = isinstance(v, int) and not isinstance(v, bool), "an integer"
+    else:
+        ok, want = isinstance(v, kind), {bool: "true or false", str: "a string", dict: "an object"}[kind]
+    if not ok:
+        raise ValueError(f"config.json {where}{key}: expected {want}, got {v!r}")
+    return float(v) if kind is float else v
+
+
 def _rope_theta(hf: dict) -> float:
-    params = hf.get("rope_parameters") or {}  # transformers >= 5 nests rope settings here
-    return hf.get("rope_theta") or params.get("rope_theta") or 10000.0
+    params = hf.get("rope_parameters")  # transformers >= 5 nests rope settings here
+    if params is not None and not isinstance(params, dict):
+        raise ValueError(f"config.json rope_parameters: expected an object, got {params!r}")
+    if hf.get("rope_theta") is None and params and params.get("rope_theta") is not None:
+        return _field(params, "rope_theta", 10000.0, float, "rope_parameters.")
+    return _field(hf, "rope_theta", 10000.0, float)
 
 
 def _rope_scaling(hf: dict):
     rs = hf.get("rope_scaling") or hf.get("rope_parameters")
     if not rs:
         return None
+    if not isinstance(rs, dict):
+        raise ValueError(f"config.json rope_scaling: expected an object, got {rs!r}")
     rs = {k: v for k, v in rs.items() if k != "rope_theta"}
     kind = rs.get("rope_type", rs.get("type"))
     if kind in (None, "default") and set(rs) <= {"rope_type", "type"}:
@@ -125,5 +180,6 @@ def _rope_scaling(hf: dict):
     missing = [k for k in keys if k not in rs]
     if missing:
         raise ValueError(f"config.json rope_scaling: Llama-3 scaling needs {missing}, got {rs!r}")
-    vals = [(k, int(rs[k]) if k == "original_max_position_embeddings" else float(rs[k])) for k in keys]
+    vals = [(k, _field(rs, k, _REQUIRED, int if k == "original_max_position_embeddings" else float, "rope_scaling."))
+            for k in keys]
     return tuple(sorted([("rope_type", "llama3")] + vals))

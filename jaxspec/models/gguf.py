@@ -32,6 +32,7 @@
 """
 
 import dataclasses
+import math
 import os
 
 import jax.numpy as jnp
@@ -46,6 +47,7 @@ SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1")
 _BLOCKS = {"F32": (1, 4), "F16": (1, 2), "BF16": (1, 2), "Q8_0": (32, 34), "Q4_0": (32, 18), "Q4_1": (32, 20)}
 _CHUNK_ELEMENTS = 1 << 22  # rows dequantized at once: at most ~4M elements of float32 scratch
 _MAGIC = b"GGUF"
+_REQUIRED = object()  # a metadata key without a default
 
 
 def is_gguf(path) -> bool:
@@ -160,10 +162,129 @@ def _reader(path):
     path = os.fspath(path)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"{path}: no such GGUF file")
-    r = gguf.GGUFReader(path, "r")
-    if getattr(r, "byte_order", "I") != "I":
-        raise ValueError(f"{path}: a big-endian GGUF file is not supported (only little-endian)")
-    return r
+    check_layout(path)  # gguf's reader trusts every length and offset in the file: check them first
+    return gguf.GGUFReader(path, "r")
+
+
+# GGUF value type ids (gguf.GGUFValueType) -> byte size of a scalar of that type (8: string, 9: array).
+_SCALAR_BYTES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+_STRING, _ARRAY = 8, 9
+_MAX_DIMS = 4  # GGML_MAX_DIMS
+
+
+class _Bounded:
+    """Little-endian reads from a file that never go past its end (``ValueError`` naming what was being read)."""
+
+    def __init__(self, f, size: int, path: str):
+        self.f, self.size, self.path = f, size, path
+
+    @property
+    def left(self) -> int:
+        return self.size - self.f.tell()
+
+    def take(self, n: int, what: str) -> bytes:
+        if n > self.left:
+            raise ValueError(f"{self.path}: truncated GGUF file: {what} needs {n} bytes at offset {self.f.tell()}, "
+                             f"the file has {self.left} left")
+        return self.f.read(n)
+
+    def skip(self, n: int, what: str) -> None:
+        if n > self.left:
+            raise ValueError(f"{self.path}: truncated GGUF file: {what} needs {n} bytes at offset {self.f.tell()}, "
+                             f"the file has {self.left} left")
+        self.f.seek(n, os.SEEK_CUR)
+
+    def uint(self, n: int, what: str) -> int:
+        return int.from_bytes(self.take(n, what), "little")
+
+    def string(self, what: str) -> bytes:
+        return self.take(self.uint(8, f"{what} length"), what)
+
+
+def _skip_value(r: _Bounded, vtype: int, key: str) -> None:
+    if vtype in _SCALAR_BYTES:
+        r.skip(_SCALAR_BYTES[vtype], f"metadata {key}")
+    elif vtype == _STRING:
+        r.string(f"metadata {key}")
+    elif vtype == _ARRAY:
+        itype, n = r.uint(4, f"metadata {key} element type"), r.uint(8, f"metadata {key} length")
+        if itype in _SCALAR_BYTES:
+            r.skip(n * _SCALAR_BYTES[itype], f"metadata {key} ({n} elements)")
+        elif itype in (_STRING, _ARRAY):
+            if n * (8 if itype == _STRING else 12) > r.left:
+                raise ValueError(f"{r.path}: truncated GGUF file: metadata {key} declares {n} elements, more than "
+                                 f"the {r.left} bytes left can hold")
+            for _ in range(n):
+                _skip_value(r, itype, key)
+        else:
+            raise ValueError(f"{r.path}: GGUF metadata {key}: unknown array element type id {itype}")
+    else:
+        raise ValueError(f"{r.path}: GGUF metadata {key}: unknown value type id {vtype}")
+
+
+def check_layout(path) -> None:
+    """Check GGUF file ``path``'s structure against its size before anything else reads it: the magic, a
+    little-endian version 2 or 3, every metadata length, every tensor's dimensions (at most 4), type (one
+    ``gguf`` knows) and byte range (inside the file). ``ValueError`` naming the field or tensor; nothing is
+    allocated from a length before it was checked against the bytes that remain."""
+    import gguf
+
+    path = os.fspath(path)
+    size = os.path.getsize(path)
+    with open(path, "rb") as f:
+        r = _Bounded(f, size, path)
+        if r.take(4, "magic") != _MAGIC:
+            raise ValueError(f"{path}: not a GGUF file (no GGUF magic)")
+        version = r.uint(4, "version")
+        if version & 0xFFFF == 0:
+            raise ValueError(f"{path}: a big-endian GGUF file is not supported (only little-endian)")
+        if version not in (2, 3):
+            raise ValueError(f"{path}: GGUF version {version} is not supported (2 or 3)")
+        n_tensors, n_kv = r.uint(8, "tensor count"), r.uint(8, "metadata count")
+        if n_kv * 13 > r.left or n_tensors * 24 > r.left:
+            raise ValueError(f"{path}: truncated GGUF file: {n_kv} metadata entries and {n_tensors} tensors declared, "
+                             f"more than the {r.left} bytes left can hold")
+        alignment, keys = 32, set()
+        for _ in range(n_kv):
+            key = r.string("metadata key").decode("utf-8", "replace")
+            if key in keys:
+                raise ValueError(f"{path}: GGUF metadata {key} appears twice")
+            keys.add(key)
+            vtype = r.uint(4, f"metadata {key} type")
+            if key == "general.alignment":
+                if vtype != 4:
+                    raise ValueError(f"{path}: GGUF metadata general.alignment: expected a uint32, got type id {vtype}")
+                alignment = r.uint(4, "general.alignment")
+                if alignment == 0 or alignment & (alignment - 1):
+                    raise ValueError(f"{path}: GGUF general.alignment = {alignment}: not a power of two")
+                continue
+            _skip_value(r, vtype, key)
+        infos, names = [], set()
+        for _ in range(n_tensors):
+            name = r.string("tensor name").decode("utf-8", "replace")
+            if name in names:
+                raise ValueError(f"{path}: tensor {name} appears twice")
+            names.add(name)
+            n_dims = r.uint(4, f"tensor {name} dimension count")
+            if not 1 <= n_dims <= _MAX_DIMS:
+                raise ValueError(f"{path}: tensor {name}: {n_dims} dimensions (GGUF allows 1 to {_MAX_DIMS})")
+            dims = [r.uint(8, f"tensor {name} dimensions") for _ in range(n_dims)]
+            type_id, offset = r.uint(4, f"tensor {name} type"), r.uint(8, f"tensor {name} offset")
+            infos.append((name, dims, type_id, offset))
+        data_start = -(-f.tell() // alignment) * alignment
+    for name, dims, type_id, offset in infos:
+        try:
+            qtype = gguf.GGMLQuantizationType(type_id)
+            block, block_bytes = gguf.GGML_QUANT_SIZES[qtype]
+        except (ValueError, KeyError):
+            raise ValueError(f"{path}: tensor {name}: unknown GGUF type id {type_id}") from None
+        if dims[0] % block:
+            raise ValueError(f"{path}: tensor {name}: {qtype.name} rows hold whole blocks of {block} elements, but "
+                             f"ne0 is {dims[0]}")
+        n_bytes = math.prod(dims) // block * block_bytes
+        if data_start + offset + n_bytes > size:
+            raise ValueError(f"{path}: tensor {name}: {qtype.name} of ne {dims} declares {n_bytes} bytes at offset "
+                             f"{data_start + offset}, past the end of the file ({size} bytes)")
 
 
 def _value(field):
@@ -221,12 +342,24 @@ def _info(path, reader) -> GGUFModelInfo:
     if arch != "llama":
         raise ValueError(f"{path}: GGUF general.architecture: expected 'llama', got {arch!r}")
 
-    def need(key):
-        if f"llama.{key}" not in meta:
-            raise ValueError(f"{path}: GGUF metadata llama.{key} is missing")
-        return meta[f"llama.{key}"]
+    def num(key, default=_REQUIRED, kind=int):
+        """Metadata ``key`` as a ``kind`` (an int, or for ``float`` any finite number), or ``default``."""
+        v = meta.get(key)
+        if v is None:
+            if default is _REQUIRED:
+                raise ValueError(f"{path}: GGUF metadata {key} is missing")
+            return default
+        ok = isinstance(v, (int, float)) and not isinstance(v, bool) and (
+            isinstance(v, int) if kind is int else math.isfinite(v))
+        if not ok:
+            raise ValueError(f"{path}: GGUF metadata {key}: expected {'an integer' if kind is int else 'a number'}, "
+                             f"got {v!r}")
+        return v
 
-    if (meta.get("llama.expert_count") or 0) > 0:
+    def need(key):
+        return num(f"llama.{key}")
+
+    if num("llama.expert_count", 0) > 0:
         raise ValueError(f"{path}: GGUF llama.expert_count = {meta['llama.expert_count']}: mixture-of-experts "
                          "models are not supported")
     scaling = meta.get("llama.rope.scaling.type")
@@ -235,16 +368,19 @@ def _info(path, reader) -> GGUFModelInfo:
     if "rope_freqs.weight" in tensors:
         raise ValueError(f"{path}: tensor rope_freqs.weight (per-frequency RoPE scaling factors, Llama 3.1) is "
                          "not supported")
-    hidden, heads = int(need("embedding_length")), int(need("attention.head_count"))
-    kv_heads = int(meta.get("llama.attention.head_count_kv") or heads)
-    head_dim = int(meta.get("llama.attention.key_length") or meta.get("llama.rope.dimension_count")
-                   or hidden // max(heads, 1))
-    rope_dim = meta.get("llama.rope.dimension_count")
-    if rope_dim is not None and int(rope_dim) != head_dim:
+    hidden, heads = need("embedding_length"), need("attention.head_count")
+    if heads < 1 or hidden < 1:
+        raise ValueError(f"{path}: GGUF llama.embedding_length = {hidden}, llama.attention.head_count = {heads}: "
+                         "expected positive sizes")
+    kv_heads = num("llama.attention.head_count_kv", heads)
+    rope_dim = num("llama.rope.dimension_count", None)
+    head_dim = num("llama.attention.key_length", None)
+    head_dim = head_dim if head_dim is not None else rope_dim if rope_dim is not None else hidden // heads
+    if rope_dim is not None and rope_dim != head_dim:
         raise ValueError(f"{path}: GGUF llama.rope.dimension_count = {rope_dim} differs from the head size "
                          f"{head_dim}: partial rotary embeddings are not supported")
-    value_len = meta.get("llama.attention.value_length")
-    if value_len is not None and int(value_len) != head_dim:
+    value_len = num("llama.attention.value_length", None)
+    if value_len is not None and value_len != head_dim:
         raise ValueError(f"{path}: GGUF llama.attention.value_length = {value_len} differs from key_length "
                          f"{head_dim}: not supported")
     if "token_embd.weight" not in tensors:
@@ -253,24 +389,30 @@ def _info(path, reader) -> GGUFModelInfo:
     if len(emb_shape) != 2 or emb_shape[1] != hidden:
         raise ValueError(f"{path}: tensor token_embd.weight: expected shape (vocab, {hidden}), found {emb_shape}")
     vocab = emb_shape[0]
-    for key, n in (("llama.vocab_size", meta.get("llama.vocab_size")),
-                   ("tokenizer.ggml.tokens", getattr(meta.get("tokenizer.ggml.tokens"), "length", None))):
-        if n is not None and int(n) != vocab:
+    tokens = meta.get("tokenizer.ggml.tokens")
+    for key, n in (("llama.vocab_size", num("llama.vocab_size", None)),
+                   ("tokenizer.ggml.tokens", tokens.length if isinstance(tokens, _LongArray) else
+                    None if tokens is None else len(tokens) if isinstance(tokens, list) else "not a list")):
+        if n is not None and n != vocab:
             raise ValueError(f"{path}: GGUF {key} says {n} tokens, token_embd.weight has {vocab} rows")
+    layers = need("block_count")
+    held = {int(n.split(".")[1]) for n in tensors if n.startswith("blk.") and n.split(".")[1].isdigit()}
+    if layers < 1 or layers > len(held) or not all(i in held for i in range(layers)):
+        raise ValueError(f"{path}: GGUF llama.block_count = {layers} but the file holds tensors of blocks "
+                         f"{sorted(held)[:8]}{' ...' if len(held) > 8 else ''} ({len(held)} blocks)")
     cfg = DecoderConfig(
-        vocab_size=vocab, hidden_size=hidden, intermediate_size=int(need("feed_forward_length")),
-        num_hidden_layers=int(need("block_count")), num_attention_heads=heads, num_key_value_heads=kv_heads,
-        head_dim=head_dim, rms_norm_eps=_f32(meta.get("llama.attention.layer_norm_rms_epsilon", 1e-5)),
-        rope_theta=_f32(meta.get("llama.rope.freq_base", 10000.0)),
+        vocab_size=vocab, hidden_size=hidden, intermediate_size=need("feed_forward_length"),
+        num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
+        head_dim=head_dim, rms_norm_eps=_f32(num("llama.attention.layer_norm_rms_epsilon", 1e-5, float)),
+        rope_theta=_f32(num("llama.rope.freq_base", 10000.0, float)),
         attention_bias="blk.0.attn_q.bias" in tensors, tie_word_embeddings="output.weight" not in tensors,
         model_type="llama")
 
     def tok(key):
-        v = meta.get(f"tokenizer.ggml.{key}_token_id")
-        return None if v is None else int(v)
+        return num(f"tokenizer.ggml.{key}_token_id", None)
 
-    ctx = meta.get("llama.context_length")
-    return GGUFModelInfo(config=cfg, context_length=None if ctx is None else int(ctx), bos_token_id=tok("bos"),
+    ctx = num("llama.context_length", None)
+    return GGUFModelInfo(config=cfg, context_length=ctx, bos_token_id=tok("bos"),
                          eos_token_id=tok("eos"), pad_token_id=tok("padding"),
                          general={k[8:]: v for k, v in meta.items() if k.startswith("general.") and isinstance(v, str)})
 
@@ -329,10 +471,14 @@ def gguf_tensors(path: tuple, cfg: DecoderConfig) -> tuple[list[tuple[str, tuple
     raise ValueError(f"no GGUF tensor for parameter {'/'.join(parts)}")
 
 
-def load_gguf(path, *, param_dtype=jnp.float32, kv_dtype=None, aux_layers: tuple[int, ...] | None = None) -> Decoder:
+def load_gguf(path, *, param_dtype=jnp.float32, kv_dtype=None, aux_layers: tuple[int, ...] | None = None,
+              strict: bool = True) -> Decoder:
     """A ``Decoder`` with the weights of llama GGUF file ``path`` (see the module docstring), parameters in
     ``param_dtype``, KV pool in ``kv_dtype`` (the ``Decoder`` default when ``None``); ``aux_layers`` as for
-    ``Decoder`` (EAGLE-3 features). Every tensor's name, shape and type is checked before any is read."""
+    ``Decoder`` (EAGLE-3 features). Every tensor's name, shape and type is checked before any is read;
+    ``strict`` (default): a tensor with no place in the decoder is an error (``False``: it is skipped)."""
+    if not isinstance(strict, bool):
+        raise ValueError(f"strict: expected a bool, got {strict!r}")
     reader = _reader(path)
     cfg = _info(path, reader).config
     model = nnx.eval_shape(lambda: Decoder(cfg, rngs=nnx.Rngs(0), param_dtype=param_dtype, kv_dtype=kv_dtype,
@@ -356,8 +502,9 @@ def load_gguf(path, *, param_dtype=jnp.float32, kv_dtype=None, aux_layers: tuple
             raise ValueError(f"{path}: tensor {name}: GGUF type {type_name} is not supported (supported: "
                              f"{', '.join(SUPPORTED_TYPES)})")
     extra = sorted(set(found) - {name for name, _, _ in wanted})
-    if extra:
-        raise ValueError(f"{path}: tensors {extra} have no place in a llama decoder of this config (not supported)")
+    if extra and strict:
+        raise ValueError(f"{path}: tensors {extra} have no place in a llama decoder of this config (not supported; "
+                         "strict=False skips them)")
     dtype = np.dtype(param_dtype)
     for var, transpose, parts in plan:
         arrs = []
