@@ -101,8 +101,11 @@ class KernelOp:
         static = dict(static_items)
         return jax.jit(checkify.checkify(lambda *arrays: _emit(self.checks(*arrays, **static))))
 
-    def resolve(self, implementation: Implementation, interpret: bool) -> str:
-        return _backend.resolve_implementation(implementation, interpret, backends=self.backends)
+    def resolve(self, implementation: Implementation, interpret: bool, *, unsupported=None) -> str:
+        """``_backend.resolve_implementation`` over this op's backends; ``unsupported(backend)``: why the kernel
+        cannot take this particular call (a sentence), or None."""
+        return _backend.resolve_implementation(implementation, interpret, backends=self.backends,
+                                               unsupported=unsupported)
 
     def __call__(self, *arrays, implementation: Implementation = "auto", interpret: bool = False, **static):
         impl = self.resolve(implementation, interpret)

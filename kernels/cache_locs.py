@@ -416,9 +416,8 @@ def fill_accept_out_cache_loc(
     ai = index_array("accept_index", accept_index, (None, None))
     ocl = index_array("out_cache_loc", out_cache_loc, (None,))
     size = ai.shape[0] * ai.shape[1]
-    impl = _ACCEPT.resolve(implementation, interpret)
-    if impl != "reference" and size > MAX_ACCEPT_SIZE:
-        raise ValueError(f"accept_index: the Pallas kernel handles B*A <= {MAX_ACCEPT_SIZE}, got {ai.shape=}")
+    too_big = f"takes accept_index with B*A <= {MAX_ACCEPT_SIZE}, got shape {ai.shape}"
+    impl = _ACCEPT.resolve(implementation, interpret, unsupported=lambda b: too_big if size > MAX_ACCEPT_SIZE else None)
     return _ACCEPT(ai, ocl, implementation=impl, interpret=interpret)
 
 

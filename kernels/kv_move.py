@@ -25,8 +25,8 @@ in ONE launch. What it guarantees (see ``dynamic_validate_move`` for the exact r
   are independent and the move runs fully parallel.
 * pairs with ``tgt == src`` (the root self-copy, the ``0 <- 0`` padding) are skipped: no traffic.
 * every other pair list would be order-dependent, so ``move_kv_cache`` never runs the kernel on one: pair
-  lists known on the host are checked there (``unordered_pair_error``, O(n log n)) and refused with a
-  ``ValueError`` naming the pair; traced ones are checked in the program, which runs the reference for
+  lists known on the host are checked there (``unordered_pair_error``, O(n log n)): ``auto`` runs the
+  reference for them, an explicit kernel is refused with a ``ValueError`` naming the pair; traced ones are checked in the program, which runs the reference for
   them (``lax.cond``); checked mode checks the same rule before the move and writes nothing when it fails.
 
 Out-of-range values (one rule, reference and kernel alike): a pair whose ``tgt`` or ``src`` slot lies
@@ -415,16 +415,13 @@ _MOVE = KernelOp("move_kv_cache", _move_impl, static=("span", "paged", "config",
                  checks=_move_checks, unchanged=_unchanged)
 
 
-def _check_equal_rows(k_buffer, v_buffer, paged, impl):
-    if impl == "reference":
-        return
+def _unequal_rows(k_buffer, v_buffer, paged) -> str | None:
+    """Why the Pallas move cannot take these pools (it moves K and V in one launch), or None."""
     k3, v3 = _as_rows(k_buffer, paged), _as_rows(v_buffer, paged)
     if k3.shape[2] != v3.shape[2] or k3.dtype != v3.dtype:
-        raise ValueError(
-            f"k_buffer/v_buffer: the Pallas move runs K and V in one launch and needs equal row widths and "
-            f"dtypes, got {k_buffer.shape=} {k_buffer.dtype} and {v_buffer.shape=} {v_buffer.dtype}; "
-            f"use implementation='reference'"
-        )
+        return (f"needs k_buffer/v_buffer rows of equal width and dtype (one launch moves both), got "
+                f"{k_buffer.shape} {k_buffer.dtype} and {v_buffer.shape} {v_buffer.dtype}")
+    return None
 
 
 def move_kv_cache(
@@ -446,8 +443,8 @@ def move_kv_cache(
     module docstring; ``None`` = one group, safe for any read-before-write-in-index-order pattern such as
     SGLang's packed accept move). Pairs with a slot outside ``[0, X)`` are dropped. Concrete pair lists are
     padded to a power of two with dropped pairs (one executable per bucket, not per count). A Pallas move of
-    pairs the kernel cannot order (module docstring) is refused for host pairs (``ValueError``) and runs
-    the reference for traced ones. Checked mode: slots in range, and the hazard rule of
+    pairs the kernel cannot order (module docstring) runs the reference (``auto``, and traced pairs) or is
+    refused (host pairs with an explicit kernel: ``ValueError``). Checked mode: slots in range, and the hazard rule of
     ``dynamic_validate_move``, checked before the move (a failure writes nothing).
     """
     _check_pool(k_buffer, v_buffer, paged)
@@ -455,16 +452,22 @@ def move_kv_cache(
     src = index_array("src_loc", src_loc, (tgt.shape[0],))
     if span is not None:
         static_int("span", span, 1)
-    impl = _MOVE.resolve(implementation, interpret)
-    _check_equal_rows(k_buffer, v_buffer, paged, impl)
-    # Checked mode checks the order rule before the move (and writes nothing when it fails); otherwise host pairs
-    # are checked here and traced ones in the program (``_move``'s ``ordered=False``).
-    ordered = impl != "reference" and (checks_enabled() or not has_tracer((tgt, src)))
-    if ordered and not checks_enabled():
-        reason = unordered_pair_error(tgt, src, _check_pool(k_buffer, v_buffer, paged), span=span, config=config)
-        if reason is not None:
-            raise ValueError(f"tgt_loc/src_loc: the Pallas move would differ from the parallel assignment: "
-                             f"{reason}; reorder the pairs or use implementation='reference'")
+    # The kernel's order rule: checked mode checks it before the move (and writes nothing when it fails);
+    # otherwise host pairs are checked here (``auto`` then runs the reference, an explicit kernel is refused) and
+    # traced ones in the program (``_move``'s ``ordered=False``).
+    host = checks_enabled() or not has_tracer((tgt, src))
+
+    def unsupported(backend):
+        reason = _unequal_rows(k_buffer, v_buffer, paged)
+        if reason is None and host and not checks_enabled():
+            order = unordered_pair_error(tgt, src, _check_pool(k_buffer, v_buffer, paged), span=span, config=config)
+            if order is not None:
+                reason = (f"cannot order these pairs (tgt_loc/src_loc): the move would differ from the parallel "
+                          f"assignment: {order}; reorder the pairs or use implementation='reference'")
+        return reason
+
+    impl = _MOVE.resolve(implementation, interpret, unsupported=unsupported)
+    ordered = impl != "reference" and host
     tgt, src = _bucket_pairs(tgt, src)
     return _MOVE(k_buffer, v_buffer, tgt, src, span=span, paged=bool(paged), config=config, ordered=ordered,
                  implementation=impl, interpret=interpret)
@@ -545,8 +548,7 @@ def move_accept_tokens_to_target_kvcache(
         return KVBuffers(k_buffer, v_buffer)
     if ocl.shape[0] % bs:
         raise ValueError(f"out_cache_loc: expected B*N entries with B={bs}, got out_cache_loc.shape={ocl.shape}")
-    impl = _ACCEPT_MOVE.resolve(implementation, interpret)
-    _check_equal_rows(k_buffer, v_buffer, paged, impl)
+    impl = _ACCEPT_MOVE.resolve(implementation, interpret, unsupported=lambda b: _unequal_rows(k_buffer, v_buffer, paged))
     return _ACCEPT_MOVE(k_buffer, v_buffer, ai, lens, ocl, paged=bool(paged), config=config, implementation=impl,
                         interpret=interpret)
 

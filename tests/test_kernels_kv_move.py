@@ -323,7 +323,7 @@ def test_move_equals_the_parallel_assignment_or_is_refused(case):
     """Random pair lists, hazards of every kind (swaps and chains across chunks and spans, duplicate targets,
     self-copies, out-of-range slots): the O(n log n) order rule equals its O(n^2) statement; host pairs the
     Pallas move accepts give the parallel assignment bit for bit, the others are refused naming a pair; the
-    same pairs traced inside jit give the reference's result in every case."""
+    same pairs traced inside jit, or with ``auto``, give the reference's result in every case."""
     pairs, rows, span_mult = case
     tgt = np.array([t for t, _ in pairs], np.int32)
     src = np.array([s for _, s in pairs], np.int32)
@@ -337,6 +337,8 @@ def test_move_equals_the_parallel_assignment_or_is_refused(case):
     kb = bits(make_pool(shape, jnp.float32, 0))
     live = (tgt >= 0) & (tgt < _SLOTS) & (src >= 0) & (src < _SLOTS)
     kw = dict(span=span, config=config, implementation="pallas", interpret=True)
+    ref = M.move_kv_cache(make_pool(shape, jnp.float32, 0), make_pool(shape, jnp.float32, 7), tgt, src,
+                          implementation="reference")
     if M.unordered_pair_error(tgt, src, _SLOTS, span=span, config=config) is None:
         out = M.move_kv_cache(make_pool(shape, jnp.float32, 0), make_pool(shape, jnp.float32, 7), tgt, src, **kw)
         np.testing.assert_array_equal(bits(out.k_buffer), np_move(kb, tgt[live], src[live], False),
@@ -344,8 +346,9 @@ def test_move_equals_the_parallel_assignment_or_is_refused(case):
     else:
         with pytest.raises(ValueError, match=r"would differ from the parallel assignment: .*pairs? \d+"):
             M.move_kv_cache(make_pool(shape, jnp.float32, 0), make_pool(shape, jnp.float32, 7), tgt, src, **kw)
-    ref = M.move_kv_cache(make_pool(shape, jnp.float32, 0), make_pool(shape, jnp.float32, 7), tgt, src,
-                          implementation="reference")
+        auto = M.move_kv_cache(make_pool(shape, jnp.float32, 0), make_pool(shape, jnp.float32, 7), tgt, src,
+                               **dict(kw, implementation="auto"))  # auto runs the reference for these
+        np.testing.assert_array_equal(bits(auto.k_buffer), bits(ref.k_buffer))
     traced = _traced_move(span, config)(make_pool(shape, jnp.float32, 0), make_pool(shape, jnp.float32, 7),
                                         jnp.asarray(tgt), jnp.asarray(src))
     np.testing.assert_array_equal(bits(traced.k_buffer), bits(ref.k_buffer), err_msg=f"{tgt=} {src=} {rows=} {span=}")
