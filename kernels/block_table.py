@@ -93,9 +93,10 @@ def pack_block_table_update(
         rows[i] = rows[i][:size]
         if begin + size > max_pages:
             clamped = max(0, max_pages - begin)
-            rid = request_ids[i] if request_ids is not None and i < len(request_ids) else "?"
+            rid = (f"req {request_ids[i]}" if request_ids is not None and i < len(request_ids)
+                   else f"request {i} (request_pool_indices[{i}] = {pools[i]})")
             warnings.warn(
-                f"page copy would exceed req_to_page capacity for req {rid}: begin={begin} + size={size} = "
+                f"page copy would exceed req_to_page capacity for {rid}: begin={begin} + size={size} = "
                 f"{begin + size} > req_to_page.shape[1]={max_pages}; clamping size to {clamped}. KV writes past "
                 f"this point are dropped (slot 0).",
                 PageCapacityWarning,
