@@ -74,11 +74,6 @@ def backend_available(name: str) -> bool:
     return mod.lowering() is not None
 
 
-def pick_backend(backends=("triton",)) -> str | None:
-    """The first of ``backends`` present in this jax, or None."""
-    return next((b for b in backends if backend_available(b)), None)
-
-
 def _device_has(backend: str, interpret: bool) -> bool:
     if interpret:
         return True
@@ -161,4 +156,4 @@ def resolve_implementation(
 
 
 __all__ = ["AUTO_WHEN_INTERPRETING", "BACKENDS", "IMPLEMENTATIONS", "Implementation", "PallasBackendWarning",
-           "backend_available", "gpu_available", "hopper_available", "pick_backend", "resolve_implementation"]
+           "backend_available", "gpu_available", "hopper_available", "resolve_implementation"]
