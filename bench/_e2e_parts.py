@@ -78,7 +78,7 @@ def breakdown(eng, state, reps: int) -> dict:
     import jax
     import jax.numpy as jnp
 
-    from jaxspec import round as rnd
+    from jaxspec import pipeline
     from jaxspec.engine.step import append_tokens
 
     models, opts, spec = _models_fn(eng), eng.opts, eng.opts.specs[0]
@@ -88,17 +88,17 @@ def breakdown(eng, state, reps: int) -> dict:
     g = opts.page_size
 
     def root(st):
-        return rnd.root_metadata(st.seq_lens, st.target_cache.req_to_token, page_size=g, **kw)
+        return pipeline.root_metadata(st.seq_lens, st.target_cache.req_to_token, page_size=g, **kw)
 
     def e2e_prep(params, state):
         target, drafter = models(params)
         draft, _ = drafter.propose(spec, state.draft[0], state.bonus, root(state))
         r2t = state.target_cache.req_to_token
-        plan = rnd.plan_verify(spec, state.bonus, draft, state.seq_lens, r2t, page_size=g, **kw)
+        plan = pipeline.plan_verify(spec, state.bonus, draft, state.seq_lens, r2t, page_size=g, **kw)
         n, v, f = spec.num_draft_tokens, target.vocab_size, target.feature_size
         logits = jax.random.normal(jax.random.key(0), (b, n, v), jnp.float32)
         hidden = jax.random.normal(jax.random.key(1), (b, n, f), jnp.float32)
-        out = rnd.commit(spec, plan, state.target_cache, logits=logits, hidden=hidden, **kw)
+        out = pipeline.commit(spec, plan, state.target_cache, pipeline.VerifyGreedy(logits), hidden=hidden, **kw)
         window = (out.window_tokens, out.window_hidden, out.draft_meta, out.accept_lens)
         return dict(draft=draft, plan=plan, logits=logits, hidden=hidden, window=window)
 
@@ -131,8 +131,9 @@ def breakdown(eng, state, reps: int) -> dict:
     def book_piece(params, aux, c):
         cache, acc = c
         st = aux["state"]
-        p = rnd.plan_verify(spec, st.bonus, aux["draft"], st.seq_lens, cache.req_to_token, page_size=g, **kw)
-        out = rnd.commit(spec, p, cache, logits=aux["logits"], hidden=aux["hidden"], active=~st.done, **kw)
+        p = pipeline.plan_verify(spec, st.bonus, aux["draft"], st.seq_lens, cache.req_to_token, page_size=g, **kw)
+        out = pipeline.commit(spec, p, cache, pipeline.VerifyGreedy(aux["logits"]), hidden=aux["hidden"], active=~st.done,
+                              **kw)
         toks, num, _ = append_tokens(st, out.accepted, out.accept_lens)
         return out.cache, acc + jnp.sum(num) + jnp.sum(toks[:, 0]) + jnp.sum(out.window_tokens)
 
@@ -153,7 +154,7 @@ def plain_forward_ms(eng, state, reps: int) -> tuple[float, float]:
     """ms of one plain decode forward (Q = 1) as a separate jitted call; returns (ms, compile s)."""
     import jax.numpy as jnp
 
-    from jaxspec import round as rnd
+    from jaxspec import pipeline
 
     models, opts = _models_fn(eng), eng.opts
     kw = dict(implementation=opts.implementation, interpret=opts.interpret)
@@ -161,36 +162,13 @@ def plain_forward_ms(eng, state, reps: int) -> tuple[float, float]:
     def fwd(params, aux, c):
         cache, acc = c
         target, _ = models(params)
-        meta = rnd.decode_metadata(aux["seq_lens"], cache.req_to_token, page_size=opts.page_size, **kw)
+        meta = pipeline.decode_metadata(aux["seq_lens"], cache.req_to_token, page_size=opts.page_size, **kw)
         logits, _, cache = target.forward(aux["bonus"][:, None], meta, cache)
         return cache, acc + jnp.sum(jnp.argmax(logits, axis=-1))
 
     aux = dict(seq_lens=state.seq_lens, bonus=state.bonus)
     ms, cs, _ = time_piece(("fwd", id(eng)), fwd, eng.params, aux, (state.target_cache, jnp.int32(0)), reps)
     return ms, cs
-
-
-def ab_old_linear(eng, batch, context, args) -> float:
-    """ms of the plain forward with ``Linear`` as before ``decoder._dot16`` (einsum, precision HIGHEST)."""
-    import jax.numpy as jnp
-
-    from jaxspec.models import decoder
-
-    def old(self, x):
-        w = self.kernel[...]
-        y = jnp.einsum("...d,df->...f", x.astype(w.dtype), w, precision=decoder.PREC,
-                       preferred_element_type=jnp.float32)
-        return y if self.bias is None else y + decoder._bcast(self.bias[...].astype(jnp.float32), y.ndim)
-
-    new = decoder.Linear.__call__
-    decoder.Linear.__call__ = old
-    try:
-        _TIMERS.pop(("fwd", id(eng)), None)
-        ms, _ = plain_forward_ms(eng, prefilled(eng, batch, context, args.max_new), args.reps)
-    finally:
-        decoder.Linear.__call__ = new
-        _TIMERS.pop(("fwd", id(eng)), None)
-    return ms
 
 
 # ---------------------------------------------------------------------------------------------- profile

@@ -43,7 +43,7 @@ def main(argv=None):
 
     from jaxspec.models import fetch_model, load_model, make_req_to_token
     from jaxspec.models.fetch import MODELS
-    from jaxspec.round import causal_qmask
+    from jaxspec.pipeline import causal_qmask
     from jaxspec.protocols import AttentionMetadata, page_table_from_req_to_token
 
     path = str(fetch_model(args.model, quiet=True)) if args.model in MODELS else args.model

@@ -1,4 +1,4 @@
-"""End-to-end decoding speed at real model scale (issue 15): plain vs MTP chain vs MTP tree in the compiled
+"""End-to-end decoding speed at real model scale: plain vs MTP chain vs MTP tree in the compiled
 device loop, on Llama-3.1-8B- and Llama-3.2-1B-shaped targets with random bf16 weights and a one-layer MTP
 head (``MTPModel(num_mtp_layers=1, num_draft_steps=5)``: every draft step runs the one MTP layer, each with
 its own KV layer).
@@ -43,7 +43,7 @@ import sys
 import time
 
 import _cli
-from _e2e_parts import (ab_old_linear, breakdown, pair_accept_histogram, plain_forward_ms, prefilled, profile_loop,
+from _e2e_parts import (breakdown, pair_accept_histogram, plain_forward_ms, prefilled, profile_loop,
                         profile_plain)
 
 BATCHES = "1,8,32,128"
@@ -76,9 +76,6 @@ def _parse(argv):
     ap.add_argument("--no-pairs", action="store_true", help="skip the tiny pair's accept histograms (no 'sim pair' rows)")
     ap.add_argument("--profile", action="store_true",
                     help="per-kernel CUPTI profile of a whole decode loop (plain, and sim mean 3.0) at --breakdown batches")
-    ap.add_argument("--ab-linear", action="store_true",
-                    help="also time the plain forward of the breakdown batches with the previous Linear (einsum at "
-                         "precision HIGHEST, no single-row padding) for an A/B of decoder._dot16")
     ap.add_argument("--json", default=None, help="write rows + environment as JSON here")
     ap.add_argument("--png", default=None, help="write a tokens/s plot here")
     return ap.parse_args(argv)
@@ -257,9 +254,6 @@ def bench_model(name, cfg, args, gbps, pairs, rows, dtype, kv_dtype):
                         if args.probe:
                             st = prefilled(eng, batch, context, args.max_new)
                             parts["profile"] = profile_plain(eng, st, args.reps)
-                        if args.ab_linear:
-                            st = None
-                            parts["verify_ms_old_linear"] = ab_old_linear(eng, batch, context, args)
                     else:
                         parts = breakdown(eng, st, args.reps)
                     del st
@@ -460,10 +454,6 @@ def main(argv=None) -> int:
                   f"{a['tok_s']:>10,.0f} tok/s = {_f(a['vs_plain'], '.3f')}x plain, {a['vs_best']:.3f}x the best fixed "
                   f"({a['best']}); rounds plain/chain/tree {a['modes']}; cold start {_f(a['cold_vs_plain'], '.3f')}x "
                   f"plain, {a['cold_vs_best']:.3f}x the best, rounds {a['cold_modes']}")
-    for r in rows:
-        if "verify_ms_old_linear" in r:
-            print(f"A/B plain forward {r['model']} batch {r['batch']} ctx {r['context']}: {r['verify_ms']:.3f} ms "
-                  f"(Linear via decoder._dot16) vs {r['verify_ms_old_linear']:.3f} ms (previous einsum, HIGHEST)")
     for r in rows:
         p = r.get("loop_profile")
         if p and r["sim"] in ("-", "engine sim mean 3.0"):

@@ -10,7 +10,7 @@ once up front, as ``select_top_k_tokens`` would), ``seq_lens``, ``req_to_token``
     -> next-step cache locations (new_seq_lens = seq_lens + accept_lens; next verify window
        req_to_token[req, new_seq_lens + 0..N-1]; next draft slots req_to_token[req, new_seq_lens + 0..K*S-1]).
 
-jaxspec side: ONE jitted function per step, KV pool donated: the public round (``jaxspec.round.plan_verify``
+jaxspec side: ONE jitted function per step, KV pool donated: the public round (``jaxspec.pipeline.plan_verify``
 -> ``commit``, the same composition the engine runs) plus the next round's cache locations. Timed as wall per call from a Python loop (one
 ``block_until_ready`` at the end), as GPU kernel time per call (CUPTI, when jax's Mosaic GPU profiler
 extension is present) and as R steps inside one jit (``lax.fori_loop``) divided by R.
@@ -52,7 +52,7 @@ from _step_report import count_pool_copies, finish_rows, print_table, step_bytes
 from jaxspec.config import SpecConfig
 from jaxspec.interop.original_step import OriginalStep, compare_outputs, compare_pools, jax_pool_from_torch, to_numpy
 from jaxspec.kernels import cache_locs as kcl
-from jaxspec import round as rnd
+from jaxspec import pipeline
 from jaxspec.ops import draft
 from jaxspec.protocols import PagedKVCache
 from jaxspec.testing import PoolShape, StepInputs, make_step_inputs
@@ -111,7 +111,7 @@ STAGES = ("plan", "commit", "locs")  # prefixes of the step, for --breakdown
 
 def make_jax_step(S: int, K: int, N: int, interpret: bool, upto: str = "locs"):
     """``step(k_pool, v_pool, inputs) -> (k_pool, v_pool, outputs)``: one round's bookkeeping exactly as
-    ``jaxspec.round`` composes it for every caller (``plan_verify`` -> [target forward, here replaced by the
+    ``jaxspec.pipeline`` composes it for every caller (``plan_verify`` -> [target forward, here replaced by the
     given ``target_predict``] -> ``commit``), plus the next round's cache locations that SGLang's step also
     computes. Traceable, no host syncs. The accepted path's KV moves with ``move_accept_tokens_to_target_kvcache``
     (the pairs of 0.5.23's ``fill_front/fill_accept_out_cache_loc`` laid out request-aligned, fully parallel;
@@ -124,7 +124,7 @@ def make_jax_step(S: int, K: int, N: int, interpret: bool, upto: str = "locs"):
             d = draft.organize_draft_results(x["score_list"], x["token_list"], x["parents_list"], num_draft_tokens=N)
         else:
             d = x["chain_draft_tokens"]
-        plan = rnd.plan_verify(cfg, x["bonus_tokens"], d, x["seq_lens"], x["req_to_token"], page_size=1,
+        plan = pipeline.plan_verify(cfg, x["bonus_tokens"], d, x["seq_lens"], x["req_to_token"], page_size=1,
                                req_pool_indices=x["req_pool_indices"], **kern)
         tr = plan.tree
         out = dict(
@@ -135,7 +135,7 @@ def make_jax_step(S: int, K: int, N: int, interpret: bool, upto: str = "locs"):
         if upto == "plan":
             return k_pool, v_pool, out
         cache = PagedKVCache(k=k_pool, v=v_pool, req_to_token=x["req_to_token"])
-        c = rnd.commit(cfg, plan, cache, target_predict=x["target_predict"], **kern)
+        c = pipeline.commit(cfg, plan, cache, pipeline.VerifyGreedyPredict(x["target_predict"]), **kern)
         k_pool, v_pool = c.cache.k, c.cache.v
         out.update(predict=c.predict, accept_index=c.accept_index, accept_lens=c.accept_lens,
                    bonus_tokens=c.bonus, new_seq_lens=c.seq_lens)

@@ -292,7 +292,7 @@ def forward_cost(target, rows: int, prefix: int, page_size: int, repeats: int) -
 
     from jaxspec.models import make_req_to_token
     from jaxspec.protocols import AttentionMetadata, page_table_from_req_to_token
-    from jaxspec.round import causal_qmask
+    from jaxspec.pipeline import causal_qmask
 
     width = -(-(prefix + rows + 1) // page_size) * page_size
     r2t = jnp.asarray(make_req_to_token(1, width, page_size))
@@ -313,7 +313,7 @@ def draft_cost(target, drafter, spec, prefix: int, page_size: int, repeats: int)
 
     from jaxspec.models import make_req_to_token
     from jaxspec.protocols import AttentionMetadata, page_table_from_req_to_token
-    from jaxspec.round import causal_qmask, root_metadata
+    from jaxspec.pipeline import causal_qmask, root_metadata
 
     n = spec.num_draft_tokens
     width = -(-(prefix + n + 1) // page_size) * page_size

@@ -229,7 +229,7 @@ class Drafter(Protocol):
         self, spec: Any, state: Any, tokens: jax.Array, hidden: jax.Array, meta: AttentionMetadata,
         accept_lens: jax.Array,
     ) -> Any:
-        """Draft-extend over the verified window (``round.commit``'s ``window_tokens i32[B, N]``: the token
+        """Draft-extend over the verified window (``pipeline.commit``'s ``window_tokens i32[B, N]``: the token
         that follows each window row, accepted path compacted to the front; ``window_hidden [B, N, F]``;
         ``meta`` = ``draft_meta``), ``accept_lens i32[B]`` rows real; returns the new state."""
         ...

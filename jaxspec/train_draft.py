@@ -180,7 +180,7 @@ def _dense_meta(b: int, t: int):
     import jax.numpy as jnp
 
     from jaxspec.protocols import AttentionMetadata
-    from jaxspec.round import causal_qmask
+    from jaxspec.pipeline import causal_qmask
 
     pos = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32)[None], (b, t))
     return AttentionMetadata(positions=pos, qmask=causal_qmask(b, t), prefix_lens=jnp.zeros((b,), jnp.int32),

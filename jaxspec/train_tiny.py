@@ -27,7 +27,7 @@ from jaxspec.corpus import make_stream
 from jaxspec.models import DecoderConfig, MockVocab, MTPModel, save_pair
 from jaxspec.models.io import PAIR_CONFIGS
 from jaxspec.protocols import AttentionMetadata
-from jaxspec.round import causal_qmask
+from jaxspec.pipeline import causal_qmask
 
 
 def _dense_meta(b: int, ctx: int) -> AttentionMetadata:

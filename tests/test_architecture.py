@@ -135,8 +135,8 @@ FORBIDDEN = {
     "jaxspec.ops": ("jaxspec.engine", "jaxspec.models"),
     "jaxspec.models": ("jaxspec.engine",),
     "jaxspec.engine": ("jaxspec.models",),  # the engine knows the protocols, never a concrete model
-    "jaxspec.round": ("jaxspec.models",),
-    "jaxspec.protocols": ("jaxspec.models", "jaxspec.engine", "jaxspec.round", "jaxspec.ops"),
+    "jaxspec.pipeline": ("jaxspec.models",),
+    "jaxspec.protocols": ("jaxspec.models", "jaxspec.engine", "jaxspec.pipeline", "jaxspec.ops"),
 }
 
 

@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from jaxspec import round as rnd
+from jaxspec import pipeline
 from jaxspec.config import SpecConfig
 from jaxspec.engine import Engine
 from jaxspec.models import DecoderConfig, MTPDrafter, MTPModel, load_model, load_pair, save_model, with_draft_vocab
 from jaxspec.protocols import AttentionMetadata
-from jaxspec.round import causal_qmask
+from jaxspec.pipeline import causal_qmask
 
 CFG = DecoderConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
                     num_key_value_heads=2, head_dim=8, num_nextn_predict_layers=1)
@@ -112,11 +112,11 @@ def test_sampled_drafts_live_on_the_draft_vocabulary():
     state = drafter.init_state(spec, r2t, b * 16)
     prompts = jax.random.randint(jax.random.key(0), (b, p), 0, pair.vocab_size, jnp.int32)
     lens = jnp.array([6, 4], jnp.int32)
-    meta = rnd.prefill_metadata(lens, r2t, p, page_size=16, implementation="reference")
+    meta = pipeline.prefill_metadata(lens, r2t, p, page_size=16, implementation="reference")
     _, hidden, _ = dv.forward(prompts, meta, dv.make_cache(r2t, b * 16))
     coins = jax.random.uniform(jax.random.key(1), (b, spec.num_steps))
     top_k = jnp.full((b,), pair.vocab_size, jnp.int32)  # V: no top-k cut (the engine's value for "off")
-    smp = rnd.DraftSampling(jnp.ones((b,)), top_k, jnp.ones((b,)), coins)
+    smp = pipeline.DraftSampling(jnp.ones((b,)), top_k, jnp.ones((b,)), coins)
     out = drafter.extend_after_prefill(spec, state, prompts, hidden, meta, lens, jnp.array([3, 4], jnp.int32),
                                        sampling=smp)
     q = np.asarray(out.draft_probs)

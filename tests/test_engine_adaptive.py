@@ -18,9 +18,8 @@ from flax import nnx
 from jaxspec.config import SpecConfig
 from jaxspec.engine import AdaptivePolicy, Engine, SimulatedAccept
 from jaxspec.engine.policy import MAX_BACKOFF, choose_mode, init_policy_state, update_policy
-from jaxspec.engine.simulate import draw_accept_lens
+from jaxspec.engine.simulate import draw_accept_lens, simulated_accept_path
 from jaxspec.models import DecoderConfig, MTPDrafter, MTPModel
-from jaxspec.round import simulated_accept_path
 from jaxspec.ops.tree import TreeMaskMode, build_chain_tree, build_tree
 from jaxspec.testing import draft_lists, organize
 

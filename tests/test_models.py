@@ -20,7 +20,7 @@ from jaxspec.models import (
 )
 from jaxspec.models.io import load_meta
 from jaxspec.protocols import AttentionMetadata, page_table_from_req_to_token
-from jaxspec.round import causal_qmask
+from jaxspec.pipeline import causal_qmask
 
 CFG = DecoderConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
                     num_key_value_heads=2, head_dim=8, num_nextn_predict_layers=2)

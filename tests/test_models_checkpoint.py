@@ -17,7 +17,7 @@ from jaxspec.models.decoder import Decoder
 from jaxspec.models.io import DEFAULT_WEIGHTS, TINY_PAIR_CONFIG, load_meta, load_pair
 from jaxspec.models.mtp import MTPModel, add_mtp_layers
 from jaxspec.protocols import AttentionMetadata, TargetModel, page_table_from_req_to_token
-from jaxspec.round import causal_qmask
+from jaxspec.pipeline import causal_qmask
 
 CFG = DecoderConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                     num_key_value_heads=2, head_dim=16, num_nextn_predict_layers=2)

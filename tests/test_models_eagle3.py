@@ -19,7 +19,7 @@ from jaxspec.models.eagle3 import (EAGLE3Model, Eagle3Config, aux_layers_from_id
                                    save_eagle3)
 from jaxspec.models.eagle3_drafter import EAGLE3Drafter
 from jaxspec.protocols import AttentionMetadata
-from jaxspec.round import causal_qmask
+from jaxspec.pipeline import causal_qmask
 
 V, H, F, HQ, HKV, E, VD = 80, 32, 64, 4, 2, 8, 40
 TARGET = DecoderConfig(vocab_size=V, hidden_size=H, intermediate_size=F, num_hidden_layers=3, num_attention_heads=HQ,

@@ -17,7 +17,7 @@ from jaxspec.models import gguf as jgguf
 from jaxspec.models.config import DecoderConfig
 from jaxspec.models.decoder import Decoder
 from jaxspec.protocols import AttentionMetadata
-from jaxspec.round import causal_qmask
+from jaxspec.pipeline import causal_qmask
 
 # Every row length (ne0: hidden 64, intermediate 96) is a multiple of the 32-element quant block.
 CFG = DecoderConfig(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,

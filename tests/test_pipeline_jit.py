@@ -1,7 +1,7 @@
-"""The public round (``jaxspec.round``: organize -> plan_verify -> commit) as ONE jitted program, no host sync.
+"""The public round (``jaxspec.pipeline``: organize -> plan_verify -> commit) as ONE jitted program, no host sync.
 
 Random draft lists come from ``jaxspec.testing.draft_lists`` over random softmax scores (as the EAGLE draft
-loop produces them); the tree, verify and bonus results are compared with the NumPy oracle of Appendix A
+loop produces them); the tree, verify and bonus results are compared with the NumPy oracles
 (tests/np_oracle_tree.py and np_oracle_verify.py), and the committed KV pool with the accepted rows moved
 to the window front (every other slot untouched).
 """
@@ -13,7 +13,7 @@ import pytest
 from jaxspec.config import SpecConfig
 from jaxspec.ops.draft import organize_draft_results
 from jaxspec.protocols import PagedKVCache, make_req_to_token
-from jaxspec.round import commit, plan_verify
+from jaxspec.pipeline import VerifyGreedyPredict, commit, plan_verify
 from jaxspec.testing import draft_lists
 
 VOCAB = 50
@@ -51,7 +51,7 @@ def test_pipeline_one_jit_no_transfer(cfg):
     def step(score_list, token_list, parents_list, bonus, seq_lens, target_predict, cache):
         d = organize_draft_results(score_list, token_list, parents_list, num_draft_tokens=n)
         plan = plan_verify(cfg, bonus, d, seq_lens, cache.req_to_token, page_size=1)
-        return plan, commit(cfg, plan, cache, target_predict=target_predict)
+        return plan, commit(cfg, plan, cache, VerifyGreedyPredict(target_predict))
 
     # target_predict that follows a random tree path for a random number of levels.
     pl, sel, dt = np_organize(score_list, token_list, parents_list, n)

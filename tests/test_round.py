@@ -1,5 +1,6 @@
-"""``jaxspec.round.commit``: the logits path equals the target_predict path, inactive rows are frozen
-(no KV move, lengths and roots kept), and the argument contract. The oracle comparison of the whole round
+"""``jaxspec.pipeline.commit``: the greedy verifiers from logits and from their argmax agree, inactive rows
+are frozen (no KV move, lengths and roots kept), temperature-0 sampling verifies as greedy, and the argument
+contract. The oracle comparison of the whole round
 is tests/test_pipeline_jit.py."""
 
 import jax
@@ -10,7 +11,8 @@ import pytest
 from jaxspec.config import SpecConfig
 from jaxspec.ops.draft import organize_draft_results
 from jaxspec.protocols import PagedKVCache, make_req_to_token
-from jaxspec.round import RoundSampling, commit, plan_verify
+from jaxspec.pipeline import (RoundSampling, VerifyDraftProbs, VerifyGreedy, VerifyGreedyPredict,
+                              VerifyTargetOnly, commit, plan_verify)
 from test_pipeline_jit import VOCAB, _draft_lists
 
 CFG = SpecConfig(3, 2, 6)
@@ -40,8 +42,8 @@ def test_commit_logits_path_and_frozen_rows():
             cur = nt[b, cur]
     logits = jax.nn.one_hot(tp, VOCAB, dtype=jnp.float32)
     active = np.array([True, False, True, False])
-    run = jax.jit(lambda c, lg, tp, act: (commit(CFG, plan, c, logits=lg, active=act),
-                                           commit(CFG, plan, c, target_predict=tp, active=act)))
+    run = jax.jit(lambda c, lg, tp, act: (commit(CFG, plan, c, VerifyGreedy(lg), active=act),
+                                           commit(CFG, plan, c, VerifyGreedyPredict(tp), active=act)))
     by_logits, by_predict = run(cache, logits, tp, active)
     for a, b in zip(jax.tree.leaves(by_logits), jax.tree.leaves(by_predict)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
@@ -61,14 +63,15 @@ def test_commit_logits_path_and_frozen_rows():
     # Sampling with every temperature 0 (one-hot target rows) verifies exactly as greedy.
     zeros = jnp.zeros((bs,), jnp.float32)
     smp = RoundSampling(zeros, jnp.full((bs,), VOCAB, jnp.int32), zeros + 1, jnp.full((bs, n), 0.5), zeros + 0.5)
-    sampled = jax.jit(lambda c, lg, act: commit(CFG, plan, c, logits=lg, active=act, sampling=smp))(cache, logits, active)
+    sampled = jax.jit(lambda c, lg, act: commit(CFG, plan, c, VerifyTargetOnly(lg, smp), active=act))(
+        cache, logits, active)
     for a, b in zip(jax.tree.leaves(sampled), jax.tree.leaves(by_logits)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-    with pytest.raises(ValueError, match="chains only"):
-        commit(CFG, plan, cache, logits=logits, sampling=smp, draft_probs=jnp.zeros((bs, 3, VOCAB)))
-    with pytest.raises(ValueError, match="needs the verify forward's logits"):
-        commit(CFG, plan, cache, target_predict=tp, sampling=smp)
-    with pytest.raises(ValueError, match="exactly one of logits and target_predict"):
-        commit(CFG, plan, cache)
+    with pytest.raises(ValueError, match="sampled chains only"):
+        commit(CFG, plan, cache, VerifyDraftProbs(logits, smp, jnp.zeros((bs, 3, VOCAB))))
+    with pytest.raises(ValueError, match="^verifier: expected one of VerifyGreedy, VerifyGreedyPredict"):
+        commit(CFG, plan, cache, logits)
+    with pytest.raises(ValueError, match="target_predict: expected leading dim"):
+        commit(CFG, plan, cache, VerifyGreedyPredict(tp[:2]))
     with pytest.raises(ValueError, match="needs a DraftResults"):
         plan_verify(CFG, bonus, np.zeros((bs, 3), np.int32), seq, r2t, page_size=1)

@@ -37,7 +37,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from jaxspec import round as rnd
+from jaxspec import pipeline
 from jaxspec.config import SpecConfig
 from jaxspec.engine import Engine
 from jaxspec.models import MTPDrafter, load_pair
@@ -64,7 +64,7 @@ def _last_logits(model, seqs: np.ndarray) -> np.ndarray:
     m, length = seqs.shape
     r2t = jnp.asarray(make_req_to_token(m, length, 1))
     cache = model.make_cache(r2t, m * length + 1)
-    meta = rnd.prefill_metadata(jnp.full((m,), length, jnp.int32), r2t, length, page_size=1)
+    meta = pipeline.prefill_metadata(jnp.full((m,), length, jnp.int32), r2t, length, page_size=1)
     logits, _, _ = jax.jit(model.forward)(jnp.asarray(seqs), meta, cache)
     return np.asarray(logits[:, -1])
 

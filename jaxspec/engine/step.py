@@ -4,8 +4,8 @@ Everything here is pure and traced under the caller's ``jax.jit``; shapes are st
 ``(B, P, T, W, S, K, N, V)``. The models are anything meeting ``jaxspec.protocols`` (no concrete class is
 imported here). One speculative round::
 
-    drafter.propose -> round.plan_verify -> target.forward (verify) -> round.commit
-    -> drafter.extend_after_verify -> append the accepted tokens (active requests only)
+    sampling keys -> drafter.propose -> pipeline.plan_verify -> target.forward (verify)
+    -> pipeline.commit -> drafter.extend_after_verify -> append the accepted tokens (active requests only)
 """
 
 import dataclasses
@@ -14,10 +14,10 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from jaxspec import round as rnd
+from jaxspec import pipeline
 from jaxspec.config import SpecConfig
 from jaxspec.engine.policy import choose_mode, update_policy
-from jaxspec.engine.simulate import draw_accept_lens
+from jaxspec.engine.simulate import SimulatedVerify, draw_accept_lens
 from jaxspec.engine.state import DecodeState, EngineOptions
 from jaxspec.ops.accept import MAX_COIN, sample_from_probs, sampling_probs
 
@@ -77,9 +77,9 @@ def sample_next(state: DecodeState, logits: jax.Array, coins: jax.Array) -> jax.
     return sample_from_probs(probs, coins)
 
 
-def _draft_sampling(state: DecodeState, keys: jax.Array, num_steps: int) -> rnd.DraftSampling:
+def _draft_sampling(state: DecodeState, keys: jax.Array, num_steps: int) -> pipeline.DraftSampling:
     sp = state.sampling
-    return rnd.DraftSampling(sp.temperature, sp.top_k, sp.top_p, _coins(keys, (num_steps,)))
+    return pipeline.DraftSampling(sp.temperature, sp.top_k, sp.top_p, _coins(keys, (num_steps,)))
 
 
 def _draft_probs_mode(opts: EngineOptions, state: DecodeState) -> bool:
@@ -87,30 +87,29 @@ def _draft_probs_mode(opts: EngineOptions, state: DecodeState) -> bool:
 
 
 def prefill(target, drafter, opts: EngineOptions, state: DecodeState, prompts: jax.Array, prompt_lens: jax.Array):
-    """Target prefill of right-padded ``prompts (B, P)`` + the drafter's extend; returns the new state.
+    """Target prefill of right-padded ``prompts (B, P)`` + the drafter's extend of every draft shape; returns
+    the new state.
 
     The first token becomes the bonus and the first output; ``seq_lens = prompt_lens``. Greedy
     (``state.all_greedy``): the argmax. Else sampled with the keys ``fold_in(key(seed), 0)`` (split: the
     token's coin, and the drafter's coins in ``verify="draft_probs"``, one key per drafter state).
-    The drafter extends its state of every draft shape in ``opts.specs``.
     """
     b, p = prompts.shape
     r2t = state.target_cache.req_to_token
-    meta = rnd.prefill_metadata(prompt_lens, r2t, p, page_size=opts.page_size, **_kernel_kw(opts))
+    meta = pipeline.prefill_metadata(prompt_lens, r2t, p, page_size=opts.page_size, **_kernel_kw(opts))
     logits, hidden, tcache = target.forward(prompts, meta, state.target_cache)
     rows = jnp.arange(b, dtype=jnp.int32)
     last = logits[rows, prompt_lens - 1]
-    specs = opts.specs
     keys = None
     if state.all_greedy:
         first = _greedy(last)
     else:
-        keys = request_keys(state, jnp.zeros((b,), jnp.int32), 1 + max(1, len(specs)))
+        keys = request_keys(state, jnp.zeros((b,), jnp.int32), 1 + max(1, len(opts.specs)))
         first = sample_next(state, last, _coins(keys[:, 0], ()))
     draft = state.draft
     if drafter is not None:
         states = []
-        for i, spec in enumerate(specs):
+        for i, spec in enumerate(opts.specs):
             kw = {}
             if keys is not None and _draft_probs_mode(opts, state):
                 kw = dict(sampling=_draft_sampling(state, keys[:, 1 + i], spec.num_steps))
@@ -122,51 +121,54 @@ def prefill(target, drafter, opts: EngineOptions, state: DecodeState, prompts: j
 
 
 def spec_step(target, drafter, opts: EngineOptions, state: DecodeState, which: int = 0) -> DecodeState:
-    """One speculative round for the whole batch (traced). Requests already ``done`` are computed but
-    frozen (their writes stay inside their own, already reserved window).
+    """One speculative round of draft shape ``opts.specs[which]`` (drafter state ``state.draft[which]``) for
+    the whole batch (traced). Requests already ``done`` are computed but frozen (their writes stay inside
+    their own, already reserved window).
 
-    Sampling batches (``not state.all_greedy``): each request's round keys are
-    ``split(fold_in(key(seed), 1 + num_rounds), 3)`` (verify coins ``(N,)`` + final coin, drafter coins
-    ``(S,)``); ``round.commit`` verifies with ``opts.verify``. ``which``: the index of the round's draft shape in
-    ``opts.specs`` (its drafter state is ``state.draft[which]``). With ``state.simulate``
-    (benchmarking) the accept lengths are drawn from it (keys ``fold_in(fold_in(key(seed), -(1 + num_rounds)),
-    row)``: rows with equal seeds still draw apart)."""
+    The round's keys come first (they depend on the state only): sampling batches (``not state.all_greedy``)
+    take ``split(fold_in(key(seed), 1 + num_rounds), 3)`` per request (verify coins ``(N,)`` + final coin,
+    drafter coins ``(S,)``) and verify with ``opts.verify``; with ``state.simulate`` (benchmarking) the accept
+    lengths are drawn from it (keys ``fold_in(fold_in(key(seed), -(1 + num_rounds)), row)``: rows with equal
+    seeds still draw apart) and the verifier is wrapped in ``SimulatedVerify``."""
     spec = opts.specs[which]
     kw = _kernel_kw(opts)
     seq, r2t = state.seq_lens, state.target_cache.req_to_token
     active = ~state.done
-    root = rnd.root_metadata(seq, r2t, page_size=opts.page_size, **_kernel_kw(opts))
-    draft, dstate = drafter.propose(spec, state.draft[which], state.bonus, root)
-    plan = rnd.plan_verify(spec, state.bonus, draft, seq, r2t, page_size=opts.page_size, **kw)
-    logits, hidden, tcache = target.forward(plan.tokens, plan.meta, state.target_cache)
-    ext = {}
+    sampling = ext = None
+    if not state.all_greedy:
+        keys = request_keys(state, state.num_rounds + 1, 3)
+        sp = state.sampling
+        sampling = pipeline.RoundSampling(
+            sp.temperature, sp.top_k, sp.top_p, _coins(keys[:, 0], (spec.num_draft_tokens,)), _coins(keys[:, 1], ())
+        )
+        if _draft_probs_mode(opts, state):
+            ext = _draft_sampling(state, keys[:, 2], spec.num_steps)
+    sim_lens = None
     if state.simulate is not None:
         sim_keys = request_keys(state, -(1 + state.num_rounds), 1)[:, 0]
         sim_keys = jax.vmap(jax.random.fold_in)(sim_keys, jnp.arange(sim_keys.shape[0]))  # rows draw apart
-        kw = dict(kw, simulated_accept_lens=draw_accept_lens(state.simulate, sim_keys))
-    if state.all_greedy:
-        out = rnd.commit(spec, plan, tcache, logits=logits, hidden=hidden, active=active, **kw)
+        sim_lens = draw_accept_lens(state.simulate, sim_keys)
+    root = pipeline.root_metadata(seq, r2t, page_size=opts.page_size, **kw)
+    draft, dstate = drafter.propose(spec, state.draft[which], state.bonus, root)
+    plan = pipeline.plan_verify(spec, state.bonus, draft, seq, r2t, page_size=opts.page_size, **kw)
+    logits, hidden, tcache = target.forward(plan.tokens, plan.meta, state.target_cache)
+    if sampling is None:
+        verifier = pipeline.VerifyGreedy(logits)
+    elif ext is not None:
+        if not isinstance(draft, pipeline.ChainDraft):
+            raise ValueError(
+                f"drafter: verify='draft_probs' needs propose to return a pipeline.ChainDraft (sampled tokens and "
+                f"their probabilities), got {type(draft).__name__}"
+            )
+        verifier = pipeline.VerifyDraftProbs(logits, sampling, draft.probs)
     else:
-        keys = request_keys(state, state.num_rounds + 1, 3)
-        sp = state.sampling
-        sampling = rnd.RoundSampling(
-            sp.temperature, sp.top_k, sp.top_p, _coins(keys[:, 0], (spec.num_draft_tokens,)), _coins(keys[:, 1], ())
-        )
-        draft_probs = None
-        if _draft_probs_mode(opts, state):
-            if not isinstance(draft, rnd.ChainDraft):
-                raise ValueError(
-                    f"drafter: verify='draft_probs' needs propose to return a round.ChainDraft (sampled tokens and "
-                    f"their probabilities), got {type(draft).__name__}"
-                )
-            draft_probs = draft.probs
-            ext = dict(sampling=_draft_sampling(state, keys[:, 2], spec.num_steps))
-        out = rnd.commit(
-            spec, plan, tcache, logits=logits, hidden=hidden, active=active, sampling=sampling,
-            draft_probs=draft_probs, threshold_single=opts.threshold_single, threshold_acc=opts.threshold_acc, **kw,
-        )
+        verifier = pipeline.VerifyTargetOnly(logits, sampling, opts.threshold_single, opts.threshold_acc)
+    if sim_lens is not None:
+        verifier = SimulatedVerify(verifier, sim_lens)
+    out = pipeline.commit(spec, plan, tcache, verifier, hidden=hidden, active=active, **kw)
     dstate = drafter.extend_after_verify(
-        spec, dstate, out.window_tokens, out.window_hidden, out.draft_meta, out.accept_lens, **ext
+        spec, dstate, out.window_tokens, out.window_hidden, out.draft_meta, out.accept_lens,
+        **({} if ext is None else dict(sampling=ext)),
     )
     out_tokens, num, done = append_tokens(state, out.accepted, out.accept_lens)
     return dataclasses.replace(
@@ -188,7 +190,7 @@ def plain_step(target, opts: EngineOptions, state: DecodeState) -> DecodeState:
     sampled with the key ``fold_in(key(seed), 1 + num_rounds)`` in sampling batches)."""
     b = state.seq_lens.shape[0]
     seq = state.seq_lens
-    meta = rnd.decode_metadata(seq, state.target_cache.req_to_token, page_size=opts.page_size, **_kernel_kw(opts))
+    meta = pipeline.decode_metadata(seq, state.target_cache.req_to_token, page_size=opts.page_size, **_kernel_kw(opts))
     logits, _, tcache = target.forward(state.bonus[:, None], meta, state.target_cache)
     if state.all_greedy:
         nxt = _greedy(logits[:, 0])

@@ -15,10 +15,10 @@ kept. The seed's CUDA-graph "KV-cache reversion" (``assign_hidden_states_pool``)
 not ported: it only affects draft quality, never the output (verify is exact).
 
 Proposal: chain (``K == 1``) = the S per-layer argmax tokens of the last extend. With
-``sample_drafts=True`` and a ``sampling`` argument (``round.DraftSampling``, the engine's
+``sample_drafts=True`` and a ``sampling`` argument (``pipeline.DraftSampling``, the engine's
 ``verify="draft_probs"`` mode) layer ``s`` instead SAMPLES its token from ``ops.accept.sampling_probs`` of its
 logits (the request's temperature / top-k / top-p, coin ``sampling.coins[:, s]``), feeds it to layer ``s + 1``
-and records that distribution; ``propose`` then returns a ``round.ChainDraft`` (tokens + probabilities). Tree (``K > 1``) = S-1
+and records that distribution; ``propose`` then returns a ``pipeline.ChainDraft`` (tokens + probabilities). Tree (``K > 1``) = S-1
 beam forwards: draft step ``i`` on the ``B*K`` beams of step ``i`` (``select_top_k_tokens``), beams at the
 row of the last committed target hidden (position ``seq_lens - 1``), attending to that layer's committed
 KV (positions ``< seq_lens - 1``) plus themselves, writing no KV; then ``organize_draft_results``. The S-1
@@ -40,7 +40,7 @@ from jaxspec.kernels.multi_layer_eagle import rotate_input_ids
 from jaxspec.ops.accept import sample_from_probs, sampling_probs
 from jaxspec.ops.draft import DraftResults, fast_topk, organize_draft_results, select_top_k_tokens
 from jaxspec.protocols import AttentionMetadata, MTPHead, PagedKVCache, check_implements
-from jaxspec.round import ChainDraft
+from jaxspec.pipeline import ChainDraft
 
 
 @jax.tree_util.register_dataclass

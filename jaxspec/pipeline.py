@@ -1,22 +1,23 @@
 """One speculative round, model-free: ``plan_verify`` before the target's verify forward, ``commit`` after.
 
-The seam between any serving stack and jaxspec's pipeline (architecture.md): arrays in, arrays out, no
-model, no hidden state, static shapes given ``(B, W, S, K, N)``; every function is pure and jittable (call
-it under your own ``jax.jit``). One round (ops-spec §0.4, seed ``MTPWorkerV2``)::
+The seam between any serving stack and jaxspec's pipeline: arrays in, arrays out, no model, no hidden
+state, static shapes given ``(B, W, S, K, N)``; every function is pure and jittable (call it under your
+own ``jax.jit``). One round, as SGLang's ``MTPWorkerV2`` runs it (docs/ops.md, "One decode round")::
 
     draft = drafter.propose(...)                       # DraftResults (tree) or i32[B, S] (chain)
     plan = plan_verify(spec, bonus, draft, seq_lens, req_to_token, page_size=G)
     logits, hidden, cache = target.forward(plan.tokens, plan.meta, cache)
-    out = commit(spec, plan, cache, logits=logits, hidden=hidden)
+    out = commit(spec, plan, cache, VerifyGreedy(logits), hidden=hidden)
     # out.accepted[b, :out.accept_lens[b]] are the round's new tokens, out.bonus the next root,
     # out.seq_lens the new committed lengths; the drafter extends over out.window_* with out.draft_meta.
 
 ``plan_verify``: ``build_chain_tree`` (``K == 1``) or ``build_tree`` (QLEN_ONLY) from the draft, the verify
 window's cache slots ``req_to_token[r, seq_len + j]`` (``assign_extend_cache_locs_uniform``) and the
 ``AttentionMetadata`` of the verify forward (tree positions, tree mask, prefix = committed length).
-``commit``: verify (greedy ``eagle_sample``; with ``sampling``, SGLang's target-only tree rejection sampling
-``eagle_sample(greedy=False)``, or, for chains whose drafts were sampled, the classic rule with the draft
-probabilities ``chain_speculative_sampling``) + ``fill_bonus_tokens``; for trees (``K > 1``) the accepted
+``commit``: verify with the given verifier (``VerifyGreedy``: greedy ``eagle_sample``; ``VerifyGreedyPredict``:
+the same from the logits' argmax; ``VerifyTargetOnly``: SGLang's target-only tree rejection sampling
+``eagle_sample(greedy=False)``; ``VerifyDraftProbs``: for chains whose drafts were sampled, the classic rule
+with the draft probabilities ``chain_speculative_sampling``) + ``fill_bonus_tokens``; for trees (``K > 1``) the accepted
 path's KV moves to the window front (``move_accept_tokens_to_target_kvcache``) and the per-node predictions
 and features are compacted the same way (``compact_accept_to_front``); chains need neither (the accepted
 path already is the window front, as upstream skips the move for ``K == 1``).
@@ -44,14 +45,14 @@ from jaxspec.protocols import AttentionMetadata, PagedKVCache, page_table_from_r
 class ChainDraft(NamedTuple):
     """A chain draft whose tokens were SAMPLED by the drafter: ``tokens i32[B, S]`` and ``probs f32[B, S, V]``
     (``probs[b, i]`` the processed distribution token ``i`` was drawn from). ``plan_verify`` takes it like
-    the plain ``i32[B, S]`` chain; ``commit(draft_probs=probs)`` verifies with the classic rule."""
+    the plain ``i32[B, S]`` chain; ``VerifyDraftProbs(logits, sampling, probs)`` verifies it with the classic rule."""
 
     tokens: Int32[Array, "B S"]
     probs: Float[Array, "B S V"]
 
 
 class RoundSampling(NamedTuple):
-    """Per-request sampling inputs of ``commit`` (arrays; changing them never recompiles).
+    """Per-request sampling inputs of the sampling verifiers (arrays; changing them never recompiles).
 
     temperature: ``f32[B]`` (0 = greedy row). top_k: ``i32[B]`` in ``[1, V]`` (``V`` = off).
     top_p: ``f32[B]`` in ``(0, 1]``. coins: ``f32[B, N]`` / final_coins: ``f32[B]`` in ``[0, 1)``
@@ -235,125 +236,107 @@ def plan_verify(
     return VerifyPlan(tree=tree, tokens=tree.draft_tokens.reshape(b, n), meta=meta, cache_locs=locs)
 
 
-def simulated_accept_path(
-    tree: TreeOutput, predict: Int32[Array, " T"], accept_lens: Int32[Array, " B"], spec: SpecConfig, *,
-    logits: Float[Array, "T V"] | None = None, target_predict: Int32[Array, " T"] | None = None,
-) -> tuple[Int32[Array, " T"], Int32[Array, "B A"], Int32[Array, " B"]]:
-    """A forced accepted path (benchmarking): SGLang's ``generate_simulated_accept_index``.
+class VerifyGreedy(NamedTuple):
+    """Greedy verification from the verify forward's ``logits`` (``[B, N, V]`` or ``[B*N, V]``):
+    ``eagle_sample(greedy=True)``, bit-exact with SGLang."""
 
-    Row ``b`` accepts its first ``L = clip(accept_lens[b], 1, min(S + 1, N))`` nodes ``0..L-1``, as upstream:
-    for chains that is the chain itself; for trees it is the same amount of work (the KV move, compaction and
-    drafter extend of ``L`` nodes) whether or not those nodes form a path, which random-weight trees (the
-    point of simulating) rarely grow as deep as ``L``. Returns ``(predict, accept_index, accept_lens)`` as a
-    verify would: ``predict`` at each accepted node but the last is the next node's draft token (the committed
-    tokens are those drafts, then the token after the last node), ``accept_index`` the global node ids, -1
-    padded. The token after the last node is the target's argmax there (``logits`` rows, or
-    ``target_predict``), whatever the verify drew.
-    """
-    s, n = spec.num_steps, spec.num_draft_tokens
-    b = accept_lens.shape[0]
-    rows = jnp.arange(b, dtype=jnp.int32)
-    lens = jnp.clip(accept_lens.astype(jnp.int32), 1, min(s + 1, n))
-    col = jnp.arange(s + 1, dtype=jnp.int32)[None, :]
-    accept_index = jnp.where(col < lens[:, None], rows[:, None] * n + jnp.minimum(col, n - 1), -1)
-    nxt = jnp.minimum(rows[:, None] * n + col[:, :s] + 1, b * n - 1)  # the draft token of the next node
-    write = jnp.where(col[:, :s] < lens[:, None] - 1, accept_index[:, :s], predict.shape[0])
-    predict = predict.at[write.reshape(-1)].set(tree.draft_tokens[nxt].reshape(-1), mode="drop")
-    last = jnp.take_along_axis(accept_index, lens[:, None] - 1, axis=1)[:, 0]
-    if logits is not None:  # B rows of the logits, not B*N: the argmax costs B*V reads
-        last_tok = jnp.argmax(logits[last], axis=-1).astype(jnp.int32)
-    elif target_predict is not None:
-        last_tok = target_predict[last]
-    else:
-        last_tok = predict[last]
-    return predict.at[last].set(last_tok), accept_index, lens
+    logits: Float[Array, "B N V"]
+
+    def verify(self, spec: SpecConfig, plan: VerifyPlan):
+        b, n, tree = plan.tokens.shape[0], spec.num_draft_tokens, plan.tree
+        out = eagle_sample(
+            self.logits.reshape(b * n, -1), tree.draft_tokens, tree.retrieve_index, tree.retrieve_next_token,
+            tree.retrieve_next_sibling, config=spec, greedy=True,
+        )
+        return out.predict, out.accept_index, out.accept_lens
+
+
+class VerifyGreedyPredict(NamedTuple):
+    """Greedy verification from the target's argmax ``target_predict i32[B, N]`` (for callers that reduced
+    the logits already): ``verify_tree_greedy``."""
+
+    target_predict: Int32[Array, "B N"]
+
+    def verify(self, spec: SpecConfig, plan: VerifyPlan):
+        tree = plan.tree
+        _check_batch("target_predict", self.target_predict, plan.tokens.shape[0])
+        v = verify_tree_greedy(
+            plan.tokens, tree.retrieve_index, tree.retrieve_next_token, tree.retrieve_next_sibling,
+            self.target_predict, num_steps=spec.num_steps, topk=spec.topk,  # K-bounded sibling scan: loop-free
+        )
+        return v.predict, v.accept_index, v.num_correct_drafts + 1
+
+
+class VerifyTargetOnly(NamedTuple):
+    """SGLang's target-only tree rejection sampling (``eagle_sample(greedy=False)``; drafts taken top-k):
+    the target's distribution per node is ``sampling_probs(logits)`` under ``sampling`` (temperature-0 rows
+    are one-hot, i.e. greedy). ``threshold_single`` / ``threshold_acc`` are static (1.0 / 1.0 = lossless)."""
+
+    logits: Float[Array, "B N V"]
+    sampling: RoundSampling
+    threshold_single: float = 1.0
+    threshold_acc: float = 1.0
+
+    def verify(self, spec: SpecConfig, plan: VerifyPlan):
+        b, n, tree, smp = plan.tokens.shape[0], spec.num_draft_tokens, plan.tree, self.sampling
+        out = eagle_sample(
+            self.logits.reshape(b * n, -1), tree.draft_tokens, tree.retrieve_index, tree.retrieve_next_token,
+            tree.retrieve_next_sibling, config=spec, greedy=False, temperatures=smp.temperature,
+            top_ks=smp.top_k, top_ps=smp.top_p, uniform_samples=smp.coins,
+            uniform_samples_for_final_sampling=smp.final_coins, threshold_single=self.threshold_single,
+            threshold_acc=self.threshold_acc,
+        )
+        return out.predict, out.accept_index, out.accept_lens
+
+
+class VerifyDraftProbs(NamedTuple):
+    """The classic ``min(1, p/q)`` rule (``chain_speculative_sampling``) for a chain (``K == 1``) whose drafts
+    were sampled from ``draft_probs f32[B, S, V]``; ``p`` is ``sampling_probs(logits)`` under ``sampling``."""
+
+    logits: Float[Array, "B N V"]
+    sampling: RoundSampling
+    draft_probs: Float[Array, "B S V"]
+
+    def verify(self, spec: SpecConfig, plan: VerifyPlan):
+        if spec.topk != 1:
+            raise ValueError(f"VerifyDraftProbs: the classic rule is implemented (and exact) for sampled chains "
+                             f"only (spec.topk == 1), got topk={spec.topk}")
+        b, n, smp = plan.tokens.shape[0], spec.num_draft_tokens, self.sampling
+        probs = sampling_probs(self.logits.reshape(b, n, -1), smp.temperature, smp.top_k, smp.top_p)
+        v = chain_speculative_sampling(plan.tokens, smp.coins, smp.final_coins, probs, self.draft_probs)
+        return v.predict, v.accept_index, v.num_correct_drafts + 1
+
+
+VERIFIERS = (VerifyGreedy, VerifyGreedyPredict, VerifyTargetOnly, VerifyDraftProbs)
 
 
 def commit(
     spec: SpecConfig,
     plan: VerifyPlan,
     cache: PagedKVCache,
+    verifier,
     *,
-    logits: Float[Array, "B N V"] | None = None,
-    target_predict: Int32[Array, "B N"] | None = None,
     hidden: Float[Array, "B N F"] | None = None,
     active: Bool[Array, " B"] | None = None,
-    sampling: RoundSampling | None = None,
-    draft_probs: Float[Array, "B S V"] | None = None,
-    threshold_single: float = 1.0,
-    threshold_acc: float = 1.0,
-    simulated_accept_lens: Int32[Array, " B"] | None = None,
     implementation: str = "auto",
     interpret: bool = False,
 ) -> CommitOutput:
     """Verify ``plan``'s tree against the target and the bookkeeping after it (jittable).
 
-    Greedy (``sampling=None``): ``eagle_sample(greedy=True)``, bit-exact with SGLang. With ``sampling``
-    (needs ``logits``): the target's distribution per node is ``sampling_probs`` (temperature, top-k, top-p;
-    temperature-0 rows are one-hot, i.e. greedy) and, without ``draft_probs``, SGLang's target-only tree
-    rejection sampling (``eagle_sample(greedy=False)``, static ``threshold_single`` / ``threshold_acc``,
-    1.0 / 1.0 = lossless; drafts taken top-k). With ``draft_probs`` (``f32[B, S, V]``, chains ``K == 1``
-    only, drafts sampled from them): ``chain_speculative_sampling``, the classic ``min(1, p/q)`` rule.
-
-    Exactly one of ``logits`` (``[B, N, V]`` or ``[B*N, V]``, the verify forward's) and ``target_predict``
-    (``i32[B, N]``, their argmax, for callers that reduced the logits already) must be given. ``hidden``
-    (the verify forward's features) is compacted with the accepted path when given. ``cache`` is the
-    cache the verify forward returned (its K/V of the window is moved for ``K > 1``; donate it). Rows with
-    ``active = False`` are computed but frozen: no KV move, ``seq_lens`` and ``bonus`` unchanged.
-
-    ``simulated_accept_lens`` (``i32[B]`` in ``[1, S+1]``; BENCHMARKING ONLY, never lossless): SGLang's
-    ``SIMULATE_ACC_LEN`` mode. The verify result is replaced by that many accepted nodes (the first ones, as
-    upstream; the chain itself for chains): their drafts are taken as accepted and the target's token after
-    the last is the bonus, so the KV move, compaction and drafter extend do the work of a real round with that
-    accept length (see ``simulated_accept_path``).
+    ``verifier`` decides the accepted path: ``VerifyGreedy(logits)``, ``VerifyGreedyPredict(target_predict)``,
+    ``VerifyTargetOnly(logits, sampling, ...)`` or ``VerifyDraftProbs(logits, sampling, draft_probs)`` (any
+    value whose ``verify(spec, plan)`` returns ``(predict (B*N,), accept_index (B, S+1), accept_lens (B,))``
+    as those do). ``hidden`` (the verify forward's features) is compacted with the accepted path when given.
+    ``cache`` is the cache the verify forward returned (its K/V of the window is moved for ``K > 1``; donate
+    it). Rows with ``active = False`` are computed but frozen: no KV move, ``seq_lens`` and ``bonus`` unchanged.
     """
-    if (logits is None) == (target_predict is None):
-        raise ValueError("commit: give exactly one of logits and target_predict")
-    s, k, n = spec.num_steps, spec.topk, spec.num_draft_tokens
-    tree = plan.tree
+    if not callable(getattr(verifier, "verify", None)):
+        raise ValueError(f"verifier: expected one of {', '.join(v.__name__ for v in VERIFIERS)} (a value with "
+                         f"verify(spec, plan)), got {type(verifier).__name__}")
+    n, k = spec.num_draft_tokens, spec.topk
     b = plan.tokens.shape[0]
     kw = dict(implementation=implementation, interpret=interpret)
-    if draft_probs is not None and (sampling is None or k != 1):
-        raise ValueError(
-            "draft_probs: the classic rule is implemented (and exact) for sampled chains only: needs sampling "
-            f"and spec.topk == 1, got sampling={'set' if sampling is not None else None}, topk={k}"
-        )
-    if sampling is not None and logits is None:
-        raise ValueError("sampling: needs the verify forward's logits (target_predict is greedy only)")
-    if sampling is not None:
-        if draft_probs is not None:
-            probs = sampling_probs(logits.reshape(b, n, -1), sampling.temperature, sampling.top_k, sampling.top_p)
-            v = chain_speculative_sampling(plan.tokens, sampling.coins, sampling.final_coins, probs, draft_probs)
-            predict, accept_index, accept_lens = v.predict, v.accept_index, v.num_correct_drafts + 1
-        else:
-            out = eagle_sample(
-                logits.reshape(b * n, -1), tree.draft_tokens, tree.retrieve_index, tree.retrieve_next_token,
-                tree.retrieve_next_sibling, config=spec, greedy=False, temperatures=sampling.temperature,
-                top_ks=sampling.top_k, top_ps=sampling.top_p, uniform_samples=sampling.coins,
-                uniform_samples_for_final_sampling=sampling.final_coins, threshold_single=threshold_single,
-                threshold_acc=threshold_acc,
-            )
-            predict, accept_index, accept_lens = out.predict, out.accept_index, out.accept_lens
-    elif logits is not None:
-        out = eagle_sample(
-            logits.reshape(b * n, -1), tree.draft_tokens, tree.retrieve_index, tree.retrieve_next_token,
-            tree.retrieve_next_sibling, config=spec, greedy=True,
-        )
-        predict, accept_index, accept_lens = out.predict, out.accept_index, out.accept_lens
-    else:
-        _check_batch("target_predict", target_predict, b)
-        v = verify_tree_greedy(
-            plan.tokens, tree.retrieve_index, tree.retrieve_next_token, tree.retrieve_next_sibling,
-            target_predict, num_steps=s, topk=k,  # K-bounded sibling scan: loop-free (no per-trip host read on GPU)
-        )
-        predict, accept_index, accept_lens = v.predict, v.accept_index, v.num_correct_drafts + 1
-    if simulated_accept_lens is not None:
-        _check_batch("simulated_accept_lens", simulated_accept_lens, b)
-        predict, accept_index, accept_lens = simulated_accept_path(
-            tree, predict, simulated_accept_lens, spec,
-            logits=None if logits is None else logits.reshape(b * n, -1),
-            target_predict=None if target_predict is None else target_predict.reshape(-1),
-        )
+    predict, accept_index, accept_lens = verifier.verify(spec, plan)
     verify_predict = predict
     bonus = fill_bonus_tokens(predict, accept_index, accept_lens)
     accepted = jnp.take(predict, jnp.maximum(accept_index, 0), axis=0)
@@ -394,12 +377,15 @@ __all__ = [
     "CommitOutput",
     "DraftSampling",
     "RoundSampling",
+    "VerifyDraftProbs",
+    "VerifyGreedy",
+    "VerifyGreedyPredict",
     "VerifyPlan",
+    "VerifyTargetOnly",
     "causal_qmask",
     "commit",
     "decode_metadata",
     "plan_verify",
     "prefill_metadata",
     "root_metadata",
-    "simulated_accept_path",
 ]
