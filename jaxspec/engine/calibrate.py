@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxspec.engine.checks import is_int
 from jaxspec.engine.step import draft_spec_max_accept
 from jaxspec.kernels._dispatch import next_pow2
 
@@ -22,13 +23,13 @@ def calibrate(engine, batch_size: int, *, context: int | None = None, rounds: in
     opts = engine.opts
     if opts.adaptive is None:
         raise ValueError("calibrate: only adaptive engines (adaptive=True) choose modes by cost")
-    if not isinstance(batch_size, int) or not 1 <= batch_size <= engine.max_batch:
+    if not is_int(batch_size) or not 1 <= batch_size <= engine.max_batch:
         raise ValueError(f"batch_size: expected an int in [1, max_batch={engine.max_batch}], got {batch_size!r}")
     width = opts.verify_width
     if rounds is None:  # the most (up to 4) whose calibration rounds fit in max_context
         fits = [r for r in (4, 3, 2, 1) if 1 + width + calibration_tokens(opts.specs, r) <= engine.max_context]
         rounds = fits[0] if fits else 1
-    if not isinstance(rounds, int) or rounds < 1:
+    if not is_int(rounds) or rounds < 1:
         raise ValueError(f"rounds: expected None or an int >= 1, got {rounds!r}")
     m = 1 + len(opts.specs)
     max_new = calibration_tokens(opts.specs, rounds)
@@ -36,10 +37,10 @@ def calibrate(engine, batch_size: int, *, context: int | None = None, rounds: in
     if room < 0:
         raise ValueError(f"calibrate: max_context={engine.max_context} leaves no room for the calibration rounds "
                          f"(rounds={rounds}: needs > {1 + width + max_new}); lower rounds")
+    if context is not None and (not is_int(context) or context < 0):
+        raise ValueError(f"context: expected None or an int >= 0, got {context!r}")
     ctx = min(room, engine.max_context // 2 if context is None else int(context))
-    if ctx < 0:
-        raise ValueError(f"context: expected an int >= 0, got {context!r}")
-    b = next_pow2(batch_size)
+    b = next_pow2(int(batch_size))
     costs = np.zeros((m,), np.float32)
     for mode in range(m):  # a fresh batch per mode (the previous one's pools are freed first)
         state = None

@@ -11,6 +11,46 @@ from jaxspec.engine.simulate import SimulatedAccept
 from jaxspec.protocols import Drafter, check_implements
 
 
+def is_int(v) -> bool:
+    """A Python or numpy integer that is not a bool (``True`` is an ``int`` to Python, never a count here)."""
+    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+
+
+def check_int(name: str, v, *, lo: int | None = None, hi: int | None = None, what: str | None = None) -> int:
+    """``int(v)`` when ``v`` is an integer in ``[lo, hi)`` (either bound may be open); else ``ValueError`` naming
+    ``name``. Floats, bools and strings are refused, never converted."""
+    ok = is_int(v) and (lo is None or v >= lo) and (hi is None or v < hi)
+    if not ok:
+        if what is None:
+            what = "an int" + ("" if lo is None else f" >= {lo}") + ("" if hi is None else f" and < {hi}")
+        raise ValueError(f"{name}: expected {what}, got {v!r}")
+    return int(v)
+
+
+IMPLEMENTATIONS = ("auto", "pallas", "mosaic", "triton", "reference")
+
+
+def check_engine_args(*, vocab_size: int, max_context, page_size, max_batch, num_pages, eos_id, implementation,
+                      interpret, seed, memory_limit_bytes) -> dict:
+    """The scalar arguments of ``Engine`` as Python values (``None`` kept where it means a default)."""
+    out = dict(
+        max_context=check_int("max_context", max_context, lo=1),
+        page_size=check_int("page_size", page_size, lo=1),
+        max_batch=check_int("max_batch", max_batch, lo=1),
+        num_pages=None if num_pages is None else check_int("num_pages", num_pages, lo=1),
+        eos_id=None if eos_id is None else check_int(
+            "eos_id", eos_id, lo=0, hi=vocab_size, what=f"None or a token id, an int in [0, {vocab_size})"),
+        seed=check_int("seed", seed, lo=0, hi=2**63, what="an int in [0, 2**63) (the page shuffle's seed)"),
+        memory_limit_bytes=None if memory_limit_bytes is None else check_int(
+            "memory_limit_bytes", memory_limit_bytes, lo=0, what="None or an int >= 0 (bytes)"),
+    )
+    if not isinstance(implementation, str) or implementation not in IMPLEMENTATIONS:
+        raise ValueError(f"implementation: expected one of {IMPLEMENTATIONS}, got {implementation!r}")
+    if not isinstance(interpret, bool):
+        raise ValueError(f"interpret: expected a bool, got {interpret!r}")
+    return out
+
+
 def check_speculation(spec, drafter, adaptive, simulate_accept) -> tuple[tuple[SpecConfig, ...], AdaptivePolicy | None]:
     """``(specs, adaptive)``: the draft shapes the loop runs (``()`` for plain decoding, one shape, or the
     adaptive engine's shapes) and the adaptive policy (``None``: every round speculates with ``specs[0]``)."""
@@ -97,10 +137,10 @@ def check_sampling(b: int, vocab: int, temperature, top_k, top_p, seed) -> tuple
     t = each("temperature", temperature, lambda v: real(v) and np.isfinite(v) and v >= 0,
              "a finite float >= 0 (0 = greedy)")
     k = each("top_k", -1 if top_k is None else top_k,
-             lambda v: v is None or ((isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))) and (v == -1 or 1 <= v <= vocab)),
+             lambda v: v is None or (is_int(v) and (v == -1 or 1 <= v <= vocab)),
              f"an int in [1, {vocab}] (the vocabulary size), or -1 / None = off")
     p = each("top_p", top_p, lambda v: real(v) and 0 < v <= 1, "a float in (0, 1]")
-    s = each("seed", seed, lambda v: (isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))) and 0 <= v < 2**31, "an int in [0, 2**31)")
+    s = each("seed", seed, lambda v: is_int(v) and 0 <= v < 2**31, "an int in [0, 2**31)")
     k = np.array([vocab if v is None or v == -1 else int(v) for v in k], np.int32)
     return t.astype(np.float32), k, p.astype(np.float32), s.astype(np.int32)
 
@@ -124,9 +164,11 @@ def check_prompts(prompts, max_new_tokens, *, max_batch: int, vocab_size: int, m
             raise ValueError(f"prompts[{i}]: token ids must be in [0, {vocab_size}), got {a.min()}..{a.max()}")
         arrs.append(a.astype(np.int32))
     b = len(arrs)
-    mnt = np.broadcast_to(np.asarray(max_new_tokens, np.int64), (b,)).astype(np.int64)
-    if mnt.min() < 1:
-        raise ValueError(f"max_new_tokens: expected >= 1 per request, got {mnt.min()}")
+    vals = _per_request("max_new_tokens", max_new_tokens, b)
+    for i, v in enumerate(vals):
+        if not is_int(v) or v < 1:
+            raise ValueError(f"max_new_tokens: expected an int >= 1 per request, got {v!r} for request {i}")
+    mnt = vals.astype(np.int64)
     for i, a in enumerate(arrs):
         need = a.size + int(mnt[i]) + verify_width
         if need > max_context:

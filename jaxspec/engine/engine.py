@@ -19,7 +19,8 @@ import numpy as np
 from jaxspec._validate import checks_enabled
 from jaxspec.config import SpecConfig
 from jaxspec.engine import calibrate as _calibrate
-from jaxspec.engine.checks import check_distinct_buffers, check_prompts, check_sampling, check_speculation, check_verify
+from jaxspec.engine.checks import (check_distinct_buffers, check_engine_args, check_prompts, check_sampling,
+                                   check_speculation, check_verify, is_int)
 from jaxspec.engine.compiled import EntryPoints, entry_points, split_models
 from jaxspec.engine.memory import allocate_state, check_pool_bytes, padded_prompts
 from jaxspec.engine.policy import AdaptivePolicy, PolicyState, init_policy_state
@@ -109,11 +110,11 @@ class Engine:
         check_implements(target, TargetModel, "target")
         specs, adaptive = check_speculation(spec, drafter, adaptive, simulate_accept)
         self.vocab_size = int(target.vocab_size)
-        for name, v, lo in (("max_context", max_context, 1), ("page_size", page_size, 1), ("max_batch", max_batch, 1)):
-            if not isinstance(v, int) or isinstance(v, bool) or v < lo:
-                raise ValueError(f"{name}: expected an int >= {lo}, got {v!r}")
-        if eos_id is not None and not 0 <= eos_id < self.vocab_size:
-            raise ValueError(f"eos_id: expected a token id in [0, {self.vocab_size}), got {eos_id}")
+        args = check_engine_args(
+            vocab_size=self.vocab_size, max_context=max_context, page_size=page_size, max_batch=max_batch,
+            num_pages=num_pages, eos_id=eos_id, implementation=implementation, interpret=interpret, seed=seed,
+            memory_limit_bytes=memory_limit_bytes)
+        max_context, page_size, max_batch = args["max_context"], args["page_size"], args["max_batch"]
         for x in specs or (None,):
             thresholds = check_verify(verify, threshold_single, threshold_acc, x, drafter)
         self.opts = EngineOptions(
@@ -123,16 +124,16 @@ class Engine:
         self.simulate_accept = simulate_accept
         self.round_costs: dict[int, np.ndarray] = {}  # adaptive: batch bucket -> seconds per round of each mode
         self.policy_memory: dict[int, PolicyState] = {}  # adaptive: batch bucket -> the last call's policy state
-        self.eos_id = -1 if eos_id is None else int(eos_id)
+        self.eos_id = -1 if args["eos_id"] is None else args["eos_id"]
         self.max_context = max_context
         self.page_size = page_size
         self.max_batch = max_batch
-        self.num_pages = num_pages_needed(max_batch, max_context, page_size) if num_pages is None else int(num_pages)
-        self.seed = seed
+        self.num_pages = args["num_pages"] or num_pages_needed(max_batch, max_context, page_size)
+        self.seed = args["seed"]
         self.target, self.drafter = target, drafter
         self.pool_bytes = check_pool_bytes(  # drafter.kv_bytes_per_slot also checks spec
             target, drafter, self.opts.specs, num_pages=self.num_pages, page_size=page_size,
-            max_batch=max_batch, max_context=max_context, limit=memory_limit_bytes)
+            max_batch=max_batch, max_context=max_context, limit=args["memory_limit_bytes"])
         self.graphdef, self._treedef, self.params = split_models(target, drafter)
         self._entries: dict[bool, EntryPoints] = {}  # checks -> jitted entry points (_entry_points)
 
@@ -201,14 +202,14 @@ class Engine:
         ``mode`` (0 = plain, ``i`` = ``spec[i - 1]``) instead of the policy's choice. Both are values (no
         recompile)."""
         m = 1 + len(self.opts.specs)
-        if mode is not None and (self.opts.adaptive is None or not isinstance(mode, int) or not 0 <= mode < m):
+        if mode is not None and (self.opts.adaptive is None or not is_int(mode) or not 0 <= mode < m):
             raise ValueError(f"mode: expected None, or an int in [0, {m}) for an adaptive engine "
                              f"(adaptive={self.opts.adaptive is not None}), got {mode!r}")
-        if max_rounds is not None and (not isinstance(max_rounds, int) or not 1 <= max_rounds < 2**31):
+        if max_rounds is not None and (not is_int(max_rounds) or not 1 <= max_rounds < 2**31):
             raise ValueError(f"max_rounds: expected None or an int in [1, 2**31), got {max_rounds!r}")
         # explicit transfers (allowed under jax.transfer_guard("disallow")), no jnp op dispatched per call
-        rounds = jax.device_put(np.int32(2**31 - 1 if max_rounds is None else max_rounds))
-        out = self._call("decode", state, jax.device_put(np.int32(-1 if mode is None else mode)), rounds)
+        rounds = jax.device_put(np.int32(2**31 - 1 if max_rounds is None else int(max_rounds)))
+        out = self._call("decode", state, jax.device_put(np.int32(-1 if mode is None else int(mode))), rounds)
         return out if mode is not None else self._remember(out)  # forced rounds (calibrate) teach nothing
 
     def _remember(self, state: DecodeState) -> DecodeState:
