@@ -265,3 +265,9 @@ def test_fill_bonus_value_errors():
         fill_bonus_tokens(np.zeros(8, np.float32), np.zeros((2, 4), np.int32), np.ones(2, np.int32))
     with pytest.raises(ValueError, match="accept_index: expected shape"):
         fill_bonus_tokens(np.zeros(8, np.int32), np.zeros((8,), np.int32), np.ones(2, np.int32))
+
+
+def test_temperatures_checked_for_concrete_device_arrays():
+    """Negative temperatures given as a concrete jax array (an eager call) are refused as NumPy ones are."""
+    with pytest.raises(ValueError, match="temperatures: expected values >= 0"):
+        eagle_sample(**_args(**dict(SAMPLING, temperatures=jnp.array([0.5, -1.0], jnp.float32))))

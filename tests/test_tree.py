@@ -134,7 +134,7 @@ EXPECTED_NEXT_TOKEN = [[1, 3, 4, 5, 6, 7, -1, -1], [1, 2, -1, 6, -1, -1, 7, -1]]
 EXPECTED_NEXT_SIBLING = [[-1, 2, -1, -1, -1, -1, -1, -1], [-1, -1, 3, 4, 5, -1, -1, -1]]
 EXPECTED_DRAFT_TOKENS = [29974, 29896, 29906, 29889, 29974, 29946, 29896, 29946,
                          13, 13, 22550, 4136, 16492, 8439, 29871, 29941]
-# ops-spec §3.5: selected flat indices and the bit-packed masks (derived, not an upstream assertion).
+# Selected flat indices and the bit-packed masks (derived, not an upstream assertion).
 EXPECTED_TOP_SCORES_INDEX = [[0, 1, 4, 8, 20, 24, 36], [0, 4, 5, 6, 7, 24, 36]]
 EXPECTED_PACKED_MASK = [1, 3, 5, 11, 21, 43, 85, 171, 1, 3, 7, 11, 19, 35, 75, 203]
 
@@ -517,3 +517,15 @@ def test_build_chain_tree_value_errors():
         args[name] = bad
         with pytest.raises(ValueError, match=match):
             build_chain_tree(**args, config=c1)
+
+
+def test_seq_lens_checked_for_concrete_device_arrays():
+    """``seq_lens`` given as a concrete jax array (an eager call) is value-checked as a NumPy one is."""
+    c1 = SpecConfig(num_steps=3, topk=1, num_draft_tokens=4)
+    bonus, drafts = jnp.zeros((2,), jnp.int32), jnp.zeros((2, 3), jnp.int32)
+    with pytest.raises(ValueError, match="seq_lens: expected non-negative values, got min -1"):
+        build_chain_tree(bonus, drafts, jnp.array([3, -1], jnp.int32), config=c1)
+    lists = chain_draft_results(drafts, config=c1)
+    with pytest.raises(ValueError, match="seq_lens: expected non-negative values, got min -2"):
+        build_tree(bonus, lists.parent_list, lists.top_scores_index, lists.draft_tokens, jnp.array([-2, 0], jnp.int32),
+                   config=c1, mask_mode=TreeMaskMode.QLEN_ONLY)

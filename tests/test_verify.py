@@ -621,3 +621,17 @@ def test_renorm_value_errors():
         top_p_renorm_prob(probs, np.array([0.5, 0.0], np.float32))
     with pytest.raises(ValueError, match="probs: expected dtype float32"):
         top_p_renorm_prob(probs.astype(np.float64), np.array([0.5, 0.5], np.float32))
+
+
+def test_value_checks_read_concrete_device_arrays():
+    """The host value checks run for concrete jax arrays passed eagerly, as for NumPy inputs (an explicit
+    device read, allowed under a disallowing transfer guard); under jit the values are traced and unchecked."""
+    probs = jnp.full((2, 4), 0.25, jnp.float32)
+    with jax.transfer_guard("disallow"):
+        with pytest.raises(ValueError, match="top_k: expected values >= 1"):
+            top_k_renorm_prob(probs, jax.device_put(np.array([1, 0], np.int32)))
+        with pytest.raises(ValueError, match=r"top_p: expected values in \(0, 1\]"):
+            top_p_renorm_prob(probs, jax.device_put(np.array([0.5, 0.0], np.float32)))
+    ranked = jnp.asarray([[0.4, 0.3, 0.2, 0.1]] * 2, jnp.float32)
+    out = jax.jit(top_k_renorm_prob)(ranked, jnp.array([1, 0], jnp.int32))  # traced: unchecked, acts as 1
+    np.testing.assert_array_equal(np.asarray(out), [[1.0, 0, 0, 0], [1.0, 0, 0, 0]])

@@ -19,9 +19,12 @@ import numpy as np
 from jaxtyping import Array, Float, Int32
 
 from jaxspec import _validate
-from jaxspec._validate import check_shape
+from jaxspec._validate import check_shape, float_array, index_array
 from jaxspec.config import SpecConfig
-from jaxspec.ops import verify as _verify
+from jaxspec.ops.args import host_values, threshold, top_k_arg, top_p_arg
+from jaxspec.ops.renorm import top_k_renorm, top_p_renorm
+from jaxspec.ops.tree_walk import (Tree, VerifyOutput, sample_residual, tree_speculative_sampling_core,
+                                   verify_tree_greedy_core)
 from jaxspec.ops.temperature import tempered_probs
 
 _LOGIT_DTYPES = (np.float32, jnp.bfloat16, np.float16)
@@ -56,7 +59,7 @@ def make_coins(key: Array, batch: int, num_draft_tokens: int) -> tuple[Float[Arr
     return jnp.minimum(coins, jnp.float32(MAX_COIN)), jnp.minimum(final, jnp.float32(MAX_COIN))
 
 
-def _to_output(out: _verify.VerifyOutput) -> EagleSampleOutput:
+def _to_output(out: VerifyOutput) -> EagleSampleOutput:
     # accept_lens = num_correct_drafts + 1 (out of place, as in 0.5.23), computed inside jit.
     return EagleSampleOutput(out.predict, out.num_correct_drafts + 1, out.accept_index)
 
@@ -66,7 +69,7 @@ def _greedy(logits, tree, *, num_steps, topk):
     b, n = tree.candidates.shape
     # torch.argmax / jnp.argmax: first maximal index, NaN counts as the maximum.
     target_predict = jnp.argmax(logits, axis=-1).astype(jnp.int32).reshape(b, n)
-    return _to_output(_verify._verify_tree_greedy(tree, target_predict, num_steps=num_steps, topk=topk))
+    return _to_output(verify_tree_greedy_core(tree, target_predict, num_steps=num_steps, topk=topk))
 
 
 def _sampling_probs(logits, temperatures, top_ks, top_ps, *, checks):
@@ -78,9 +81,9 @@ def _sampling_probs(logits, temperatures, top_ks, top_ps, *, checks):
     # finite for every T > 0; a request with T <= 0 (or NaN) samples greedily (one-hot at the first argmax).
     probs = tempered_probs(logits, jnp.broadcast_to(temperatures[:, None], (b, n))).reshape(b * n, v)
     if top_ks is not None:
-        probs = _verify._top_k_renorm(probs, jnp.repeat(top_ks, n, total_repeat_length=b * n), checks=checks)
+        probs = top_k_renorm(probs, jnp.repeat(top_ks, n, total_repeat_length=b * n), checks=checks)
     if top_ps is not None:
-        probs = _verify._top_p_renorm(probs, jnp.repeat(top_ps, n, total_repeat_length=b * n), checks=checks)
+        probs = top_p_renorm(probs, jnp.repeat(top_ps, n, total_repeat_length=b * n), checks=checks)
     return probs.reshape(b, n, v)
 
 
@@ -98,13 +101,13 @@ def sampling_probs(
     path (which calls this), so a plain sampler, a drafter and the verifier share one definition.
     Jittable; values are checked in checked mode only (host values are the caller's to check).
     """
-    logits = _verify._floats("logits", logits, (None, None, None), _LOGIT_DTYPES)
+    logits = float_array("logits", logits, (None, None, None), _LOGIT_DTYPES)
     b = logits.shape[0]
-    temperatures = _verify._floats("temperatures", temperatures, (b,), (np.float32,))
+    temperatures = float_array("temperatures", temperatures, (b,), (np.float32,))
     if top_ks is not None:
-        top_ks = _verify._ints("top_ks", top_ks, (b,))
+        top_ks = index_array("top_ks", top_ks, (b,))
     if top_ps is not None:
-        top_ps = _verify._floats("top_ps", top_ps, (b,), (np.float32,))
+        top_ps = float_array("top_ps", top_ps, (b,), (np.float32,))
     return _validate.call_checked(_sampling_probs_jit, logits, temperatures, top_ks, top_ps)
 
 
@@ -114,7 +117,7 @@ _sampling_probs_jit = jax.jit(_sampling_probs, static_argnames=("checks",))
 def sample_from_probs(probs: Float[Array, "B V"], coins: Float[Array, "B"]) -> Int32[Array, "B"]:
     """One token per row of ``probs`` by inverse CDF with ``coins`` in ``[0, 1)`` (FlashInfer's index rule,
     ``ops.verify.sample_residual``): a one-hot row returns its index whatever the coin."""
-    return _verify.sample_residual(probs, coins)
+    return sample_residual(probs, coins)
 
 
 @functools.partial(jax.jit, static_argnames=("num_steps", "topk", "threshold_single", "threshold_acc", "checks"))
@@ -125,7 +128,7 @@ def _sampling(
     b, n = tree.candidates.shape
     v = logits.shape[-1]
     probs = _sampling_probs(logits.reshape(b, n, v), temperatures, top_ks, top_ps, checks=checks).reshape(b * n, v)
-    out = _verify._tree_speculative_sampling(
+    out = tree_speculative_sampling_core(
         tree,
         coins,
         final,
@@ -191,17 +194,17 @@ def eagle_sample(
     if not isinstance(greedy, bool):
         raise ValueError(f"greedy: expected a Python bool (static), got {greedy!r}")
     n, s = config.num_draft_tokens, config.num_steps
-    retrieve_index = _verify._ints("retrieve_index", retrieve_index, (None, n))
+    retrieve_index = index_array("retrieve_index", retrieve_index, (None, n))
     b = retrieve_index.shape[0]
-    tree = _verify._Tree(
-        candidates=_verify._ints(
+    tree = Tree(
+        candidates=index_array(
             "draft_tokens", draft_tokens, (b * n,) if np.ndim(draft_tokens) == 1 else (b, n)
         ).reshape(b, n),
         retrieve_index=retrieve_index,
-        next_token=_verify._ints("retrieve_next_token", retrieve_next_token, (b, n)),
-        next_sibling=_verify._ints("retrieve_next_sibling", retrieve_next_sibling, (b, n)),
+        next_token=index_array("retrieve_next_token", retrieve_next_token, (b, n)),
+        next_sibling=index_array("retrieve_next_sibling", retrieve_next_sibling, (b, n)),
     )
-    logits = _verify._floats("logits", logits, (b * n, None), _LOGIT_DTYPES)
+    logits = float_array("logits", logits, (b * n, None), _LOGIT_DTYPES)
     if logits.shape[1] < 1:
         raise ValueError(f"logits: expected a vocab size >= 1, got {logits.shape=}")
 
@@ -213,21 +216,21 @@ def eagle_sample(
         if np.ndim(temperatures) == 2:
             check_shape("temperatures", temperatures, (b, 1))
             temperatures = jnp.reshape(temperatures, (b,))
-        host_t = _verify._host_values(temperatures)
-        temperatures = _verify._floats("temperatures", temperatures, (b,), (np.float32,))
+        host_t = host_values(temperatures)
+        temperatures = float_array("temperatures", temperatures, (b,), (np.float32,))
         if host_t is not None and host_t.size and not (host_t >= 0).all():
             raise ValueError(f"temperatures: expected values >= 0 (0 = greedy), got min={host_t.min()}")
         if top_ks is not None:
-            top_ks = _verify._top_k_arg("top_ks", top_ks, b)
+            top_ks = top_k_arg("top_ks", top_ks, b)
         if top_ps is not None:
-            top_ps = _verify._top_p_arg("top_ps", top_ps, b, (np.float32,))
+            top_ps = top_p_arg("top_ps", top_ps, b, (np.float32,))
         if uniform_samples is None or uniform_samples_for_final_sampling is None:
             raise ValueError(
                 "uniform_samples / uniform_samples_for_final_sampling: required ((B, N) and (B,) float32 "
                 "coins in [0, 1), see make_coins) when greedy=False"
             )
-        coins = _verify._floats("uniform_samples", uniform_samples, (b, n), (np.float32,))
-        final = _verify._floats(
+        coins = float_array("uniform_samples", uniform_samples, (b, n), (np.float32,))
+        final = float_array(
             "uniform_samples_for_final_sampling", uniform_samples_for_final_sampling, (b,), (np.float32,)
         )
         out = _validate.call_checked(
@@ -241,8 +244,8 @@ def eagle_sample(
             final,
             num_steps=s,
             topk=config.topk,
-            threshold_single=_verify._threshold("threshold_single", threshold_single),
-            threshold_acc=_verify._threshold("threshold_acc", threshold_acc),
+            threshold_single=threshold("threshold_single", threshold_single),
+            threshold_acc=threshold("threshold_acc", threshold_acc),
         )
     return out
 
@@ -263,7 +266,7 @@ def fill_bonus_tokens(
     (``1 <= accept_lens <= S+1``) the read node is never a -1 pad; out-of-range values are clipped
     here (upstream would read a neighbouring row or wrap to ``predict[-1]``). Output ``(B,)`` int32.
     """
-    predict = _verify._ints("predict", predict, (None,))
-    accept_index = _verify._ints("accept_index", accept_index, (None, None))
-    accept_lens = _verify._ints("accept_lens", accept_lens, (accept_index.shape[0],))
+    predict = index_array("predict", predict, (None,))
+    accept_index = index_array("accept_index", accept_index, (None, None))
+    accept_lens = index_array("accept_lens", accept_lens, (accept_index.shape[0],))
     return _fill_bonus_tokens(predict, accept_index, accept_lens)

@@ -1,6 +1,6 @@
 """Mirrors SGLang 0.5.23 ``build_tree_kernel_efficient`` (python/sglang/srt/speculative/eagle_utils.py -> kernels/jit/include/sgl_kernel/speculative/eagle.cuh ``build_tree_efficient`` / ``build_tree_efficient_partial_packed``) and ``build_chain_tree`` (python/sglang/kernels/ops/speculative/eagle.py).
 
-Tree construction for verification (ops-spec §3): from the organised draft (``parent_list``,
+Tree construction for verification (docs/ops.md, ``build_tree``): from the organised draft (``parent_list``,
 ``top_scores_index``, ``draft_tokens``) build the attention mask, the RoPE positions and the
 first-child / next-sibling links that the greedy and sampling verifiers walk.
 
@@ -44,6 +44,7 @@ from jaxtyping import Array, ArrayLike, Bool, Int32, Integer, Shaped
 from jaxspec import _validate
 from jaxspec._validate import INT32_MAX, index_array, static_int
 from jaxspec.config import SpecConfig, check_config
+from jaxspec.ops.args import host_values
 
 __all__ = ["TreeMaskMode", "TreeOutput", "build_tree", "build_chain_tree", "packed_mask_dtype"]
 
@@ -258,7 +259,7 @@ def build_tree(
     mask_mode: TreeMaskMode = TreeMaskMode.FULL_MASK,
     max_seq_lens_sum: int | None = None,
 ) -> TreeOutput:
-    """Build the verify tree (SGLang ``build_tree_kernel_efficient``, ops-spec §3), jittable.
+    """Build the verify tree (SGLang ``build_tree_kernel_efficient``; docs/ops.md, ``build_tree``), jittable.
 
     Args: ``bonus_tokens (B,)`` root token per request; ``parent_list (B, J)`` with
     ``J = config.parent_list_width``; ``top_scores_index (B, N-1)`` sorted flat candidate
@@ -302,8 +303,9 @@ def build_tree(
             )
     else:
         max_seq_lens_sum = None  # not part of the compiled shape for the QLEN layouts
-    if isinstance(seq_lens, (np.ndarray, list, tuple)):  # host values: no device sync
-        dynamic_validate_build_tree(np.asarray(seq_lens), max_seq_lens_sum=max_seq_lens_sum)
+    host = host_values(seq_lens)  # known before the op runs (not traced): checked here
+    if host is not None:
+        dynamic_validate_build_tree(host, max_seq_lens_sum=max_seq_lens_sum)
     return _validate.call_checked(
         _build_tree_jit, bonus, plist, sel, dtok, seq, topk=k, num_steps=s, num_draft_tokens=n, mask_mode=mode,
         max_seq_lens_sum=max_seq_lens_sum,
@@ -351,8 +353,9 @@ def build_chain_tree(
     b = seq.shape[0]
     bonus = index_array("bonus_tokens", bonus_tokens, (b,))
     dtok = index_array("draft_tokens", draft_tokens, (b, cfg.num_steps))
-    if isinstance(seq_lens, (np.ndarray, list, tuple)):  # host values: no device sync
-        dynamic_validate_build_tree(np.asarray(seq_lens))
+    host = host_values(seq_lens)  # known before the op runs (not traced): checked here
+    if host is not None:
+        dynamic_validate_build_tree(host)
     return _validate.call_checked(_build_chain_tree_jit, bonus, dtok, seq, num_draft_tokens=cfg.num_draft_tokens)
 
 

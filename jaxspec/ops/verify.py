@@ -11,234 +11,34 @@ Mirrors, as pure jittable JAX:
 * ``top_k_renorm_prob`` / ``top_p_renorm_prob`` -- FlashInfer ``top_k_renorm_probs`` /
   ``top_p_renorm_probs`` as resolved by ``python/sglang/kernels/ops/sampling/renorm.py`` on CUDA.
 
-Upstream runs one CUDA thread (block) per request and walks the tree scalar by scalar. Here the same
-walk is vectorised over the batch: an unrolled loop over the ``S`` depth levels and, per level, a
-sibling scan: ``topk`` unrolled steps when the caller gives the ``topk`` bound (``eagle_sample`` always
-does; straight-line code), else an early-exit ``lax.while_loop`` bounded by ``N`` iterations. Shapes
-are static; nothing syncs to the host. Checked mode (``jaxspec.checks()``) is a static argument of the
-jitted cores that carry value checks (sampling, renormalisation).
+The tree walk both verifiers share is ``ops.tree_walk`` (vectorised over the batch, static shapes, no host
+sync), the argument checks ``ops.args`` and the renormalisation cores ``ops.renorm``. Checked mode
+(``jaxspec.checks()``) is a static argument of the jitted cores that carry value checks (sampling,
+renormalisation).
 
 Outputs are functional (upstream mutates ``predicts`` / ``accept_index`` / ``accept_token_num`` and
 ``draft_probs`` in place). All integer outputs are int32; SGLang carries the tree arrays as int64 --
 the values are identical. Inputs are assumed to be a valid tree as produced by ``build_tree``:
 ``retrieve_index[b, j] == b*N + j`` is what upstream produces, and duplicated or out-of-range global ids
 give unspecified (but memory-safe) results here, where upstream would write out of bounds.
-
-Size note: this module is over 500 lines on purpose: greedy verify and the target-only / chain
-rejection samplers share one tree walk (``_Walk``, ``_Siblings``) and its argument checks, and upstream
-keeps them in one file pair (``speculative/tree.py`` + ``sampling.py``); splitting them would put the
-walk and its checks in a third module that both halves import.
 """
 
 import functools
-from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax import lax
-from jax.experimental import checkify
-from jaxtyping import Array, Bool, Float, Int32
+from jaxtyping import Array, Float, Int32
 
 from jaxspec import _validate
-from jaxspec._validate import check_shape, float_array, index_array, static_int
+from jaxspec._validate import float_array, index_array, static_int
+from jaxspec.ops.args import FLOAT_DTYPES, threshold, top_k_arg, top_p_arg, validate_tree
+from jaxspec.ops.renorm import top_k_renorm, top_p_renorm
+from jaxspec.ops.tree_walk import (VerifyOutput, check_coins, check_probs, sample_residual, scatter_predict,
+                                   tree_speculative_sampling_core, verify_tree_greedy_core)
 
-
-def _unroll_walk() -> bool:
-    """Unroll the tree walk's static loops (S levels x K siblings) on accelerators, where a rolled loop reads its
-    predicate on the host every trip; keep them rolled on CPU, where XLA's fusion duplicates an unrolled walk
-    into every consumer and the LLVM compile grows super-linearly (measured, tree SpecConfig(5, 4, 8) engine
-    step: > 150 s at batch 4 unrolled, seconds rolled)."""
-    return jax.default_backend() != "cpu"
-
-
-THRESHOLD_ACC_MIN = 1e-9  # the 0.5.23 launcher clamps threshold_acc to >= 1e-9 (sampling.cuh host code)
-_FLOAT_DTYPES = (np.float32,)
-
-
-class VerifyOutput(NamedTuple):
-    """Result of tree verification (greedy or target-only sampling).
-
-    predict: ``(B*N,)`` int32. ``predict[g]`` is the token chosen *after* node ``g`` on the accepted
-        path (the next accepted draft, or the bonus/correction token after the last accepted node).
-        Every other entry is 0: upstream leaves them at the caller's initial value, which is 0 in
-        ``eagle_sample`` (and -1 in SGLang's kernel unit tests).
-    accept_index: ``(B, S+1)`` int32 global node ids (``retrieve_index`` values) of the accepted path,
-        root first, padded with -1.
-    num_correct_drafts: ``(B,)`` int32 number of accepted draft tokens (excludes the root/bonus);
-        upstream's ``accept_token_num``.
-    """
-
-    predict: Int32[Array, "T"]
-    accept_index: Int32[Array, "B A"]
-    num_correct_drafts: Int32[Array, "B"]
-
-
-class _Tree(NamedTuple):
-    candidates: Int32[Array, "B N"]
-    retrieve_index: Int32[Array, "B N"]
-    next_token: Int32[Array, "B N"]
-    next_sibling: Int32[Array, "B N"]
-
-
-class _Walk(NamedTuple):
-    """Per-request state of the acceptance walk (vectorised over B)."""
-
-    node: Int32[Array, "B"]  # local index of the last accepted node (= row of the current parent)
-    last: Int32[Array, "B"]  # its global id (retrieve_index value)
-    num: Int32[Array, "B"]  # accepted drafts so far
-    alive: Bool[Array, "B"]  # the previous level accepted a child (the walk goes on)
-    accept_index: Int32[Array, "B A"]
-    accept_tokens: Int32[Array, "B A"]  # accept_tokens[b, i] = candidate token of the i-th accepted node
-    prob_acc: Float[Array, "B"]  # sampling only: target mass of the siblings tried at this level
-    coin: Float[Array, "B"]  # sampling only: coin of the last accepted node
-    rejected: Bool[Array, "B N"]  # sampling only: siblings rejected under the current row
-
-
-class _Siblings(NamedTuple):
-    """State of the inner sibling scan of one level."""
-
-    cur: Int32[Array, "B"]  # candidate under test (local index); -1 when the sibling list is exhausted
-    searching: Bool[Array, "B"]
-    found: Bool[Array, "B"]
-    prob_acc: Float[Array, "B"]
-    rejected: Bool[Array, "B N"]
-    steps: Int32[Array, ""]
-
-
-_ints = index_array  # tracer-safe; no host read for int32 arrays
-
-
-def _floats(name: str, x, shape=None, dtypes=_FLOAT_DTYPES):
-    return float_array(name, x, shape, dtypes)
-
-
-def _row_take(x, idx):
-    """``x[b, idx[b]]`` for every row ``b`` (indices clipped into range)."""
-    return jnp.take_along_axis(x, idx[:, None], axis=1, mode="clip")[:, 0]
-
-
-def _tree_walk(tree: _Tree, num_steps: int, topk: int | None, accept_fn, coins=None) -> _Walk:
-    """The shared acceptance walk of ``VerifyTreeGreedy`` / ``TreeSpeculativeSamplingTargetOnly``.
-
-    ``accept_fn(walk, cur, tok, prob_acc) -> (accept, new_prob_acc)`` decides, for every request, whether
-    candidate ``cur`` (token ``tok``) is accepted; it is only consulted for requests still searching.
-
-    ``topk`` given: every node has at most ``topk`` children (true of every ``build_tree`` output), so
-    the sibling scan is ``topk`` unrolled steps and the whole walk is straight-line code (no
-    ``while_loop``, whose per-iteration predicate costs a device round trip on GPU). ``topk=None``: an
-    early-exit ``while_loop`` bounded by ``N`` (any sibling-list length).
-    """
-    b, n = tree.candidates.shape
-    a = num_steps + 1
-    iota_n = lax.broadcasted_iota(jnp.int32, (b, n), 1)
-    iota_a = lax.broadcasted_iota(jnp.int32, (b, a), 1)
-    root = tree.retrieve_index[:, 0]
-    zeros_b = jnp.zeros((b,), jnp.int32)
-    init = _Walk(
-        node=zeros_b,
-        last=root,
-        num=zeros_b,
-        alive=jnp.ones((b,), bool),
-        accept_index=jnp.where(iota_a == 0, root[:, None], -1),
-        accept_tokens=jnp.zeros((b, a), jnp.int32),
-        prob_acc=jnp.zeros((b,), jnp.float32),
-        coin=jnp.zeros((b,), jnp.float32) if coins is None else coins[:, 0],
-        rejected=jnp.zeros((b, n), bool),
-    )
-
-    def sibling_body(s: _Siblings, walk: _Walk) -> _Siblings:
-        cur = jnp.clip(s.cur, 0, n - 1)
-        tok = _row_take(tree.candidates, cur)
-        accept, new_acc = accept_fn(walk, cur, tok, s.prob_acc)
-        accept = accept & s.searching
-        reject = s.searching & ~accept
-        nxt = jnp.where(reject, _row_take(tree.next_sibling, cur), s.cur)
-        return _Siblings(
-            cur=nxt,
-            searching=reject & (nxt != -1),
-            found=s.found | accept,
-            prob_acc=jnp.where(s.searching, new_acc, s.prob_acc),
-            rejected=s.rejected | (reject[:, None] & (iota_n == cur[:, None])),
-            steps=s.steps + 1,
-        )
-
-    def level(_, walk: _Walk) -> _Walk:
-        first = jnp.where(walk.alive, _row_take(tree.next_token, walk.node), -1)
-        s0 = _Siblings(
-            cur=first,
-            searching=first != -1,
-            found=jnp.zeros((b,), bool),
-            prob_acc=walk.prob_acc,
-            rejected=walk.rejected,
-            steps=jnp.zeros((), jnp.int32),
-        )
-        if topk is None:
-            # Bounded by N: a valid sibling list has fewer than N entries (upstream loops unboundedly).
-            s = lax.while_loop(
-                lambda s: (s.steps < n) & jnp.any(s.searching), lambda s: sibling_body(s, walk), s0
-            )
-        else:
-            s = lax.fori_loop(0, topk, lambda _, s: sibling_body(s, walk), s0, unroll=_unroll_walk())
-        found = s.found
-        node = jnp.clip(s.cur, 0, n - 1)
-        gid = _row_take(tree.retrieve_index, node)
-        num = walk.num + found.astype(jnp.int32)
-        slot = found[:, None] & (iota_a == num[:, None])
-        coin = walk.coin if coins is None else jnp.where(found, _row_take(coins, node), walk.coin)
-        return _Walk(
-            node=jnp.where(found, node, walk.node),
-            last=jnp.where(found, gid, walk.last),
-            num=num,
-            alive=found,
-            accept_index=jnp.where(slot, gid[:, None], walk.accept_index),
-            accept_tokens=jnp.where(slot, _row_take(tree.candidates, node)[:, None], walk.accept_tokens),
-            prob_acc=jnp.where(found, 0.0, s.prob_acc),
-            coin=coin,
-            rejected=s.rejected & ~found[:, None],
-        )
-
-    return lax.fori_loop(0, num_steps, level, init, unroll=_unroll_walk())
-
-
-def _scatter_predict(num_nodes: int, accept_index, values):
-    """``predict`` (zeros) with ``predict[accept_index[b, i]] = values[b, i]`` for every valid entry."""
-    idx = jnp.where(accept_index >= 0, accept_index, num_nodes)  # -1 padding -> out of range -> dropped
-    return jnp.zeros((num_nodes,), jnp.int32).at[idx.reshape(-1)].set(values.reshape(-1), mode="drop")
-
-
-def _validate_tree(candidates, retrieve_index, retrieve_next_token, retrieve_next_sibling):
-    retrieve_index = _ints("retrieve_index", retrieve_index)
-    if retrieve_index.ndim != 2:
-        check_shape("retrieve_index", retrieve_index, (None, None))
-    shape = tuple(retrieve_index.shape)
-    return _Tree(
-        candidates=_ints("candidates", candidates, shape),
-        retrieve_index=retrieve_index,
-        next_token=_ints("retrieve_next_token", retrieve_next_token, shape),
-        next_sibling=_ints("retrieve_next_sibling", retrieve_next_sibling, shape),
-    )
-
-
-# ----------------------------------------------------------------------------------------------------
-# verify_tree_greedy (§4)
-# ----------------------------------------------------------------------------------------------------
-
-
-@functools.partial(jax.jit, static_argnames=("num_steps", "topk"))
-def _verify_tree_greedy(tree: _Tree, target_predict, *, num_steps: int, topk: int | None) -> VerifyOutput:
-    b, n = tree.candidates.shape
-    tp_flat = target_predict.reshape(-1)  # indexed with *global* node ids, as upstream
-
-    def accept_fn(walk, cur, tok, prob_acc):
-        return tok == tp_flat[jnp.clip(walk.last, 0, b * n - 1)], prob_acc
-
-    walk = _tree_walk(tree, num_steps, topk, accept_fn)
-    # predict[g] = target_predict.flat[g] on the path: for an accepted step that value equals the
-    # accepted child's token; after the last accepted node it is the bonus token.
-    values = tp_flat[jnp.clip(walk.accept_index, 0, b * n - 1)]
-    predict = _scatter_predict(b * n, walk.accept_index, values)
-    return VerifyOutput(predict, walk.accept_index, walk.num)
+__all__ = ["VerifyOutput", "chain_speculative_sampling", "sample_residual", "top_k_renorm_prob", "top_p_renorm_prob",
+           "tree_speculative_sampling_target_only", "verify_tree_greedy"]
 
 
 def verify_tree_greedy(
@@ -272,104 +72,15 @@ def verify_tree_greedy(
       Off-path ``predict`` entries are 0 (upstream: untouched caller buffer, zeros in eagle_sample).
     """
     num_steps = static_int("num_steps", num_steps, lo=1)
-    tree = _validate_tree(candidates, retrieve_index, retrieve_next_token, retrieve_next_sibling)
-    target_predict = _ints("target_predict", target_predict, tuple(tree.candidates.shape))
+    tree = validate_tree(candidates, retrieve_index, retrieve_next_token, retrieve_next_sibling)
+    target_predict = index_array("target_predict", target_predict, tuple(tree.candidates.shape))
     topk = None if topk is None else static_int("topk", topk, lo=1)
-    return _verify_tree_greedy(tree, target_predict, num_steps=num_steps, topk=topk)
+    return verify_tree_greedy_core(tree, target_predict, num_steps=num_steps, topk=topk)
 
 
 # ----------------------------------------------------------------------------------------------------
-# tree_speculative_sampling_target_only (§5)
+# tree_speculative_sampling_target_only
 # ----------------------------------------------------------------------------------------------------
-
-
-def sample_residual(
-    residual: Float[Array, "B V"], coin: Float[Array, "B"]
-) -> Int32[Array, "B"]:
-    """Inverse-CDF sampling from the unnormalised ``residual`` with FlashInfer's index rule.
-
-    ``u = coin * sum(residual)``; the sample is the first index ``i`` with ``residual[i] > 0`` and
-    inclusive prefix sum ``> u``; if there is none, the last index with ``residual > 0``, else ``V - 1``.
-
-    Float order: this uses a plain ``sum`` / ``cumsum``. FlashInfer reduces with a 1024-thread block
-    reduce and a deterministic block scan, so the two agree exactly whenever the partial sums are exact
-    (e.g. dyadic probabilities such as multiples of 2**-10), and otherwise only away from CDF boundaries
-    (``u`` within rounding distance of a prefix sum may pick a neighbouring index).
-    """
-    v = residual.shape[-1]
-    total = jnp.sum(residual, axis=-1)
-    u = coin * total
-    positive = residual > 0  # NaN entries are not positive: a row without positive mass samples V - 1
-    hit = positive & (jnp.cumsum(residual, axis=-1) > u[:, None])
-    first_hit = jnp.argmax(hit, axis=-1).astype(jnp.int32)
-    last_positive = (v - 1 - jnp.argmax(positive[:, ::-1], axis=-1)).astype(jnp.int32)
-    fallback = jnp.where(jnp.any(positive, axis=-1), last_positive, v - 1)
-    return jnp.where(jnp.any(hit, axis=-1), first_hit, fallback)
-
-
-def _check_probs(name, probs):
-    """Checked mode: finite, non-negative probabilities with positive mass in every row."""
-    checkify.check(jnp.all(jnp.isfinite(probs) & (probs >= 0)), f"{name}: expected finite, non-negative values")
-    checkify.check(jnp.all(jnp.sum(probs, axis=-1) > 0), f"{name}: a row has no probability mass")
-
-
-def _check_coins(name, coins):
-    checkify.check(jnp.all((coins >= 0) & (coins < 1)), f"{name}: expected coins in [0, 1)")
-
-
-@functools.partial(jax.jit, static_argnames=("num_steps", "topk", "threshold_single", "threshold_acc", "checks"))
-def _tree_speculative_sampling(
-    tree: _Tree, coins, final_coins, target_probs, draft_probs, *, num_steps, topk, threshold_single, threshold_acc,
-    checks=False,
-) -> VerifyOutput:
-    if checks:
-        _check_probs("target_probs", target_probs)
-        _check_coins("uniform_samples", coins)
-        _check_coins("uniform_samples_for_final_sampling", final_coins)
-    b, n, v = target_probs.shape
-    rows = jnp.arange(b, dtype=jnp.int32) * n
-    target2d = target_probs.reshape(b * n, v)
-    # float32 like the CUDA kernel's DType thresholds; clamp as the 0.5.23 launcher does.
-    thr_acc = np.float32(max(threshold_acc, THRESHOLD_ACC_MIN))
-    thr_single = np.float32(threshold_single)
-
-    def accept_fn(walk, cur, tok, prob_acc):
-        # Target mass of the candidate under the current parent's row (rows use *local* node indices).
-        p = target2d[rows + walk.node, jnp.clip(tok, 0, v - 1)]
-        acc = prob_acc + p
-        accept = (p > 0) & ((walk.coin < acc / thr_acc) | (p >= thr_single))
-        return accept, acc
-
-    walk = _tree_walk(tree, num_steps, topk, accept_fn, coins=coins)
-
-    # Bonus / correction token: sample max(q - p, 0) on the last accepted node's row. Upstream wrote
-    # p[row, tok] = q[row, tok] for every rejected sibling (mutating draft_probs); the only such writes
-    # on the row read here are the siblings rejected after the last acceptance, tracked in `rejected`.
-    row = rows + walk.node
-    q = target2d[row]
-    p = jnp.zeros_like(q) if draft_probs is None else draft_probs.reshape(b * n, v)[row]
-    tok = jnp.clip(tree.candidates, 0, v - 1)
-    p = p.at[jnp.arange(b)[:, None], jnp.where(walk.rejected, tok, v)].set(
-        jnp.take_along_axis(q, tok, axis=1), mode="drop"
-    )
-    p = jnp.where((walk.num == num_steps)[:, None], 0.0, p)  # "no draft probs for the bonus token"
-    bonus = sample_residual(jnp.maximum(q - p, 0.0), final_coins)
-
-    # predict[accept_index[b, i]] = token of the (i+1)-th accepted node; bonus after the last one.
-    iota_a = lax.broadcasted_iota(jnp.int32, walk.accept_index.shape, 1)
-    shifted = jnp.concatenate([walk.accept_tokens[:, 1:], jnp.zeros((b, 1), jnp.int32)], axis=1)
-    values = jnp.where(iota_a == walk.num[:, None], bonus[:, None], shifted)
-    predict = _scatter_predict(b * n, walk.accept_index, values)
-    return VerifyOutput(predict, walk.accept_index, walk.num)
-
-
-def _threshold(name: str, x) -> float:
-    """Thresholds are static Python floats (server configuration, as upstream's ``float`` arguments)."""
-    if not isinstance(x, (int, float, np.floating, np.integer)) or isinstance(x, bool):
-        raise ValueError(f"{name}: expected a Python float in [0, 1] (static), got {x!r}")
-    if not 0.0 <= float(x) <= 1.0:
-        raise ValueError(f"{name}: expected a value in [0, 1], got {x}")
-    return float(x)
 
 
 def tree_speculative_sampling_target_only(
@@ -420,17 +131,17 @@ def tree_speculative_sampling_target_only(
       ``VerifyOutput`` (int32); off-path ``predict`` entries are 0.
     """
     num_steps = static_int("num_steps", num_steps, lo=1)
-    tree = _validate_tree(candidates, retrieve_index, retrieve_next_token, retrieve_next_sibling)
+    tree = validate_tree(candidates, retrieve_index, retrieve_next_token, retrieve_next_sibling)
     b, n = tree.candidates.shape
-    coins = _floats("uniform_samples", uniform_samples, (b, n), _FLOAT_DTYPES)
-    final = _floats("uniform_samples_for_final_sampling", uniform_samples_for_final_sampling, (b,))
-    target_probs = _floats("target_probs", target_probs, (b, n, None), _FLOAT_DTYPES)
+    coins = float_array("uniform_samples", uniform_samples, (b, n), FLOAT_DTYPES)
+    final = float_array("uniform_samples_for_final_sampling", uniform_samples_for_final_sampling, (b,))
+    target_probs = float_array("target_probs", target_probs, (b, n, None), FLOAT_DTYPES)
     if target_probs.shape[-1] < 1:
         raise ValueError(f"target_probs: expected a vocab size >= 1, got {target_probs.shape=}")
     if draft_probs is not None:
-        draft_probs = _floats("draft_probs", draft_probs, tuple(target_probs.shape), _FLOAT_DTYPES)
+        draft_probs = float_array("draft_probs", draft_probs, tuple(target_probs.shape), FLOAT_DTYPES)
     return _validate.call_checked(
-        _tree_speculative_sampling,
+        tree_speculative_sampling_core,
         tree,
         coins,
         final,
@@ -438,8 +149,8 @@ def tree_speculative_sampling_target_only(
         draft_probs,
         num_steps=num_steps,
         topk=None if topk is None else static_int("topk", topk, lo=1),
-        threshold_single=_threshold("threshold_single", threshold_single),
-        threshold_acc=_threshold("threshold_acc", threshold_acc),
+        threshold_single=threshold("threshold_single", threshold_single),
+        threshold_acc=threshold("threshold_acc", threshold_acc),
     )
 
 
@@ -451,9 +162,9 @@ def tree_speculative_sampling_target_only(
 @functools.partial(jax.jit, static_argnames=("checks",))
 def _chain_speculative_sampling(candidates, coins, final_coins, target_probs, draft_probs, *, checks=False):
     if checks:
-        _check_probs("target_probs", target_probs)
-        _check_coins("uniform_samples", coins)
-        _check_coins("uniform_samples_for_final_sampling", final_coins)
+        check_probs("target_probs", target_probs)
+        check_coins("uniform_samples", coins)
+        check_coins("uniform_samples_for_final_sampling", final_coins)
     b, n, v = target_probs.shape
     s = n - 1
     x = jnp.clip(candidates[:, 1:], 0, v - 1)  # (B, S) drafts; draft i+1 is judged on the row of node i
@@ -473,7 +184,7 @@ def _chain_speculative_sampling(candidates, coins, final_coins, target_probs, dr
     accept_index = jnp.where(iota <= num[:, None], gid, -1)
     shifted = jnp.concatenate([candidates[:, 1:], jnp.zeros((b, 1), jnp.int32)], axis=1)
     values = jnp.where(iota == num[:, None], bonus[:, None], shifted)
-    return VerifyOutput(_scatter_predict(b * n, accept_index, values), accept_index, num)
+    return VerifyOutput(scatter_predict(b * n, accept_index, values), accept_index, num)
 
 
 def _row_take3(x, idx):
@@ -513,85 +224,23 @@ def chain_speculative_sampling(
       uniform_samples_for_final_sampling: ``(B,)`` float32 coins in ``[0, 1)``.
       target_probs: ``(B, N, V)`` float32; draft_probs: ``(B, N - 1, V)`` float32.
     """
-    candidates = _ints("candidates", candidates, (None, None))
+    candidates = index_array("candidates", candidates, (None, None))
     b, n = candidates.shape
     if n < 2:
         raise ValueError(f"candidates: expected a chain of N >= 2 nodes (root + drafts), got shape {candidates.shape}")
-    coins = _floats("uniform_samples", uniform_samples, (b, n))
-    final = _floats("uniform_samples_for_final_sampling", uniform_samples_for_final_sampling, (b,))
-    target_probs = _floats("target_probs", target_probs, (b, n, None))
+    coins = float_array("uniform_samples", uniform_samples, (b, n))
+    final = float_array("uniform_samples_for_final_sampling", uniform_samples_for_final_sampling, (b,))
+    target_probs = float_array("target_probs", target_probs, (b, n, None))
     v = target_probs.shape[-1]
     if v < 1:
         raise ValueError(f"target_probs: expected a vocab size >= 1, got {target_probs.shape=}")
-    draft_probs = _floats("draft_probs", draft_probs, (b, n - 1, v))
+    draft_probs = float_array("draft_probs", draft_probs, (b, n - 1, v))
     return _validate.call_checked(_chain_speculative_sampling, candidates, coins, final, target_probs, draft_probs)
 
 
 # ----------------------------------------------------------------------------------------------------
 # top-k / top-p renormalisation (FlashInfer semantics)
 # ----------------------------------------------------------------------------------------------------
-
-
-def _sorted_desc(probs):
-    return jnp.flip(jnp.sort(probs, axis=-1), axis=-1)
-
-
-def _renorm_keep(probs, pivot):
-    kept = jnp.where(probs >= pivot[:, None], probs, 0.0)
-    total = jnp.sum(kept, axis=-1, keepdims=True)
-    return jnp.where(total > 0, kept / total, kept)  # a row without mass stays all-zero (not 0/0 = NaN)
-
-
-def _check_top_k(top_k):
-    checkify.check(jnp.all(top_k >= 1), "top_k: expected values >= 1")
-
-
-def _check_top_p(top_p):
-    checkify.check(jnp.all((top_p > 0) & (top_p <= 1)), "top_p: expected values in (0, 1]")
-
-
-@functools.partial(jax.jit, static_argnames=("checks",))
-def _top_k_renorm(probs, top_k, *, checks=False):
-    if checks:
-        _check_top_k(top_k)
-    v = probs.shape[-1]
-    k = jnp.clip(top_k, 1, v)
-    pivot = _row_take(_sorted_desc(probs), k - 1)
-    return _renorm_keep(probs, pivot)
-
-
-@functools.partial(jax.jit, static_argnames=("checks",))
-def _top_p_renorm(probs, top_p, *, checks=False):
-    if checks:
-        _check_top_p(top_p)
-    v = probs.shape[-1]
-    desc = _sorted_desc(probs)
-    reached = jnp.cumsum(desc, axis=-1) >= top_p[:, None]
-    idx = jnp.where(jnp.any(reached, axis=-1), jnp.argmax(reached, axis=-1), v - 1).astype(jnp.int32)
-    return _renorm_keep(probs, _row_take(desc, idx))
-
-
-def _host_values(x):
-    """Host-side values for a value check, only when ``x`` already lives on the host (no device sync)."""
-    return np.asarray(x) if isinstance(x, (np.ndarray, np.generic, list, tuple, int, float)) else None
-
-
-def _top_k_arg(name: str, top_k, rows: int):
-    """Validate per-row ``top_k`` (int, shape ``(rows,)``, values ``>= 1`` when known on the host)."""
-    vals = _host_values(top_k)
-    top_k = _ints(name, top_k, (rows,))
-    if vals is not None and vals.size and vals.min() < 1:
-        raise ValueError(f"{name}: expected values >= 1, got {int(vals.min())}")
-    return top_k
-
-
-def _top_p_arg(name: str, top_p, rows: int, dtypes=_FLOAT_DTYPES):
-    """Validate per-row ``top_p`` (float, shape ``(rows,)``, values in ``(0, 1]`` when known on the host)."""
-    vals = _host_values(top_p)
-    top_p = _floats(name, top_p, (rows,), dtypes)
-    if vals is not None and vals.size and not ((vals > 0).all() and (vals <= 1).all()):
-        raise ValueError(f"{name}: expected values in (0, 1], got min={vals.min()} max={vals.max()}")
-    return top_p
 
 
 def top_k_renorm_prob(probs: Float[Array, "R V"], top_k: Int32[Array, "R"]) -> Float[Array, "R V"]:
@@ -606,8 +255,8 @@ def top_k_renorm_prob(probs: Float[Array, "R V"], top_k: Int32[Array, "R"]) -> F
     ``top_k`` values must be ``>= 1``: ``ValueError`` for host values, flagged in checked mode for traced
     ones; unchecked, a traced ``top_k < 1`` acts as 1. A row without mass comes back all-zero.
     """
-    probs = _floats("probs", probs, (None, None), _FLOAT_DTYPES)
-    return _validate.call_checked(_top_k_renorm, probs, _top_k_arg("top_k", top_k, probs.shape[0]))
+    probs = float_array("probs", probs, (None, None), FLOAT_DTYPES)
+    return _validate.call_checked(top_k_renorm, probs, top_k_arg("top_k", top_k, probs.shape[0]))
 
 
 def top_p_renorm_prob(probs: Float[Array, "R V"], top_p: Float[Array, "R"]) -> Float[Array, "R V"]:
@@ -624,5 +273,5 @@ def top_p_renorm_prob(probs: Float[Array, "R V"], top_p: Float[Array, "R"]) -> F
     traced ones; unchecked, a traced ``top_p <= 0`` keeps the top tie group and ``top_p > 1`` or NaN
     keeps the whole row. A row without mass comes back all-zero.
     """
-    probs = _floats("probs", probs, (None, None), _FLOAT_DTYPES)
-    return _validate.call_checked(_top_p_renorm, probs, _top_p_arg("top_p", top_p, probs.shape[0]))
+    probs = float_array("probs", probs, (None, None), FLOAT_DTYPES)
+    return _validate.call_checked(top_p_renorm, probs, top_p_arg("top_p", top_p, probs.shape[0]))
