@@ -1,6 +1,8 @@
 """Static speculative-decoding configuration (hashable, usable as a jit static argument).
 
-Dimension letters (``S``, ``K``, ``N``, ``A``, ``C``, ``J`` here): the glossary in ``jaxspec/_shapes.py``.
+Dimension letters: ``S`` draft steps, ``K`` top-k per step, ``N`` draft tokens per request including the
+root (the verify width), ``A = S + 1`` the accepted-path width, ``C`` scored candidates, ``J`` the parent-list
+width (the rest of the letters: docs/ops.md, "Symbols").
 """
 
 import dataclasses

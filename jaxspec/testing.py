@@ -34,7 +34,7 @@ def checked_call(fn, *args, **kwargs):
 
 
 # ----------------------------------------------------------------------------------------------------
-# draft lists and trees (ops-spec §1, §2.2, §3.2-3.3): THE generators for tests, the interop harness and
+# draft lists and trees (docs/ops.md: select_top_k_tokens, organize_draft_results, build_tree): THE generators for tests, the interop harness and
 # the benchmarks
 
 
@@ -86,7 +86,7 @@ def softmax_topk(width: int = 64, scale: float = 3.0):
 
 def draft_lists(rng: np.random.Generator, bs: int, num_steps: int, topk: int, *, vocab: int,
                 draw=None) -> DraftLists:
-    """A beam draft of ``num_steps`` rounds, expanded exactly as ``select_top_k_tokens`` does (ops-spec §1):
+    """A beam draft of ``num_steps`` rounds, expanded exactly as ``select_top_k_tokens`` does:
     scores multiply in float32, each round keeps the top-K of the K*K children (ties: lower index first).
     ``draw(rng, rows, k, vocab) -> (probs (rows, k) float32 descending, tokens (rows, k) int64)`` gives each
     round's top-k (default ``uniform_topk()``)."""
@@ -111,7 +111,7 @@ def draft_lists(rng: np.random.Generator, bs: int, num_steps: int, topk: int, *,
 
 
 def organize(score_list, token_list, parents_list, num_draft_tokens: int):
-    """``organize_draft_results`` (ops-spec Appendix A): int64 ``(parent_list (B, Q), top_scores_index (B, N-1),
+    """``organize_draft_results`` (the top-(N-1) selection and parent map): int64 ``(parent_list (B, Q), top_scores_index (B, N-1),
     draft_tokens (B, N-1))``; ties in the top-(N-1) resolve to the lower index."""
     n = num_draft_tokens
     s = np.concatenate([x.reshape(x.shape[0], -1) for x in score_list], 1)
@@ -126,7 +126,7 @@ def organize(score_list, token_list, parents_list, num_draft_tokens: int):
 
 def tree_links(parent_list, top_scores_index, topk: int, num_draft_tokens: int):
     """``(retrieve_index, retrieve_next_token, retrieve_next_sibling)`` (int64, ``(B, N)``) of a draft tree, as
-    ``build_tree`` links it (ops-spec §3.2-3.3): a node whose parent is not selected stays unlinked."""
+    ``build_tree`` links it (docs/ops.md, "Parents and links"): a node whose parent is not selected stays unlinked."""
     sel, n = top_scores_index, num_draft_tokens
     bs = sel.shape[0]
     ri = (np.arange(bs)[:, None] * n + np.arange(n)[None, :]).astype(np.int64)

@@ -1,6 +1,6 @@
-"""NumPy loop oracle for ops-spec §1-§3 (select_top_k_tokens, organize_draft_results, build_tree).
+"""NumPy loop oracle for select_top_k_tokens, organize_draft_results and build_tree (docs/ops.md).
 
-Written from the spec (ops-spec.md §1-§3, extended from its Appendix A): scalar loops per
+Written from the operators' definitions (docs/ops.md) and SGLang 0.5.23's kernels: scalar loops per
 request, in the order the CUDA/Triton kernels run them, so that it can be read against them.
 Malformed trees follow the Triton/CPU kernels (row-bounded parent search, unlinked nodes, walk
 stopping at a missing ancestor or after S marks). Int64 throughout, as SGLang.
@@ -13,7 +13,7 @@ from jaxspec.testing import draft_lists, organize  # noqa: F401 - organize is pa
 FULL_MASK, QLEN_ONLY, QLEN_ONLY_BITPACKING = 0, 1, 2
 
 
-# ------------------------------------------------------------------ select_top_k_tokens (§1)
+# ------------------------------------------------------------------ select_top_k_tokens
 
 
 def fast_topk(values, k):
@@ -47,16 +47,15 @@ def select_top_k_tokens(step, topk_p, topk_index, hidden, scores, k):
     return ids, hid, cs_p, (expand, flat_tok, cs_idx + (k * k * (step - 1) + k))
 
 
-# ------------------------------------------------------------------ organize_draft_results (§2.2) + drafts
+# ------------------------------------------------------------------ organize_draft_results + drafts
 
-# organize (Appendix A) lives with the generators in jaxspec.testing: one copy for tests, harness and bench.
+# organize lives with the generators in jaxspec.testing: one copy for tests, harness and bench.
 
 
-def draft_pipeline(rng, b, s, k, n, vocab=1000, hidden=None):
+def draft_pipeline(rng, b, s, k, n, vocab=1000):
     """Random but realistic draft: S steps of select_top_k over random softmax top-k, then organize.
 
-    Returns ``(inputs, lists, organized)``: ``inputs`` the per-step ``(topk_p, topk_index)``. ``hidden`` is
-    accepted for the callers' convenience and unused (the lists do not depend on it).
+    Returns ``(inputs, lists, organized)``: ``inputs`` the per-step ``(topk_p, topk_index)``.
     """
     def rand_topk(rng, rows, k, vocab):
         logits = rng.standard_normal((rows, 64)).astype(np.float32) * 3
@@ -71,7 +70,7 @@ def draft_pipeline(rng, b, s, k, n, vocab=1000, hidden=None):
     return d.step_inputs, lists, organize(*lists, n)
 
 
-# ------------------------------------------------------------------ build_tree (§3)
+# ------------------------------------------------------------------ build_tree
 
 
 def packed_dtype(n):

@@ -1,11 +1,11 @@
-"""NumPy loop oracles for jaxspec.ops.verify / accept, written from docs/ops-spec.md (§2.2-§7, Appendix A).
+"""NumPy loop oracles for jaxspec.ops.verify / accept, written from docs/ops.md (verify_tree_greedy to fill_bonus_tokens)
 
 Golden reference: SGLang 0.5.23 (strict ``coin < prob_acc / thr_acc`` and the ``p > 0`` guard). The
 loops follow the per-request scalar walks of the CUDA kernels line for line (one request at a time,
 float32 scalars, the ``draft_probs`` residual mutated in place on a private copy) so that the
 vectorised JAX implementation can be compared with them exactly on integers.
 
-Random valid trees: the generators of ``jaxspec.testing`` (beam draft, Appendix-A ``organize``, the
+Random valid trees: the generators of ``jaxspec.testing`` (beam draft, ``organize``, the
 link-building part of ``build_tree``), composed here.
 """
 
@@ -17,7 +17,7 @@ F32 = np.float32
 
 
 # ----------------------------------------------------------------------------------------------------
-# Tree generation (ops-spec §1, §2.2, §3.2-3.3, Appendix A)
+# Tree generation (select_top_k_tokens, organize_draft_results, build_tree's links)
 # ----------------------------------------------------------------------------------------------------
 
 
@@ -59,7 +59,7 @@ def pad_tree(tree, b_pad, n_pad, rng, vocab):
 
 
 # ----------------------------------------------------------------------------------------------------
-# verify_tree_greedy (§4, Appendix A)
+# verify_tree_greedy
 # ----------------------------------------------------------------------------------------------------
 
 
@@ -90,7 +90,7 @@ def verify_greedy(cand, ri, nt, ns, target_predict, a, init=0):
 
 
 # ----------------------------------------------------------------------------------------------------
-# tree_speculative_sampling_target_only (§5), SGLang 0.5.23 rule
+# tree_speculative_sampling_target_only, SGLang 0.5.23 rule
 # ----------------------------------------------------------------------------------------------------
 
 
@@ -151,7 +151,7 @@ def sampling_target_only(
 
 
 # ----------------------------------------------------------------------------------------------------
-# top-k / top-p renorm (FlashInfer semantics), bonus tokens (§6-§7)
+# top-k / top-p renorm (FlashInfer semantics), bonus tokens
 # ----------------------------------------------------------------------------------------------------
 
 

@@ -146,7 +146,7 @@ def test_organize_jit_and_pipeline_all_modes():
     s, k, n = cfg.num_steps, cfg.topk, cfg.num_draft_tokens
     b = 16
     rng = np.random.default_rng(11)
-    inputs, lists, want = oracle.draft_pipeline(rng, b, s, k, n, hidden=np.zeros((b, 2), np.float32))
+    inputs, lists, want = oracle.draft_pipeline(rng, b, s, k, n)
     seq = rng.integers(0, 30, b).astype(np.int32)
     bonus = rng.integers(0, 1000, b).astype(np.int32)
 
@@ -181,7 +181,7 @@ def test_organize_jit_and_pipeline_all_modes():
 
 
 def _mtp_oracle(topk_p, topk_index, s, k, n):
-    """ops-spec §2.3 (MultiLayerEagleDraftWorker._draft_forward_organize) on the NumPy oracle."""
+    """``organize_mtp_draft_results`` (MultiLayerEagleDraftWorker._draft_forward_organize) on the NumPy oracle."""
     _, _, _, info = oracle.select_top_k_tokens(0, topk_p, topk_index, None, None, k)
     if s == 1:
         lists = [info[0]], [info[1]], [info[2]]

@@ -1,9 +1,9 @@
 """The jaxspec models in the engine, losslessly (greedy speculative == plain greedy, token for token):
 
 * a random Llama target made by Hugging Face ``transformers`` (``save_pretrained``), loaded with
-  ``load_model`` and given a random MTP head with ``add_mtp_layers`` (issue 9), chain and tree;
+  ``load_model`` and given a random MTP head with ``add_mtp_layers``, chain and tree;
 * the shipped tiny pair with its attention on the Pallas paged attention kernel (interpret mode on CPU),
-  selected through ``AttentionMetadata.implementation`` / ``interpret`` (issue 10).
+  selected through ``AttentionMetadata.implementation`` / ``interpret``.
 CPU, f32.
 """
 

@@ -1,8 +1,8 @@
 """Mirrors SGLang 0.5.23 ``select_top_k_tokens`` (python/sglang/srt/speculative/spec_utils.py), ``organize_draft_results`` (python/sglang/srt/speculative/eagle_utils.py) and ``MultiLayerEagleDraftWorker._draft_forward_organize`` + the K == 1 chain constants (multi_layer_eagle_worker_v2.py, base_spec_worker.py).
 
-Draft-tree organisation (ops-spec §1, §2): the per-step beam expansion of the EAGLE draft loop and
-the top-(N-1) selection that turns the recorded candidates into ``parent_list`` /
-``top_scores_index`` / ``draft_tokens`` for :func:`jaxspec.ops.tree.build_tree`.
+Draft-tree organisation (docs/ops.md: ``select_top_k_tokens``, ``organize_draft_results``): the per-step
+beam expansion of the EAGLE draft loop and the top-(N-1) selection that turns the recorded candidates into
+``parent_list`` / ``top_scores_index`` / ``draft_tokens`` for :func:`jaxspec.ops.tree.build_tree`.
 
 Every function here is pure and jittable. Static sizes (``step``, ``topk``, ``num_draft_tokens``,
 ``config``) are keyword-only (``step`` is positional as upstream, but must be a Python int). The
@@ -130,7 +130,7 @@ def select_top_k_tokens(
     *,
     topk: int,
 ) -> SelectTopKOutput:
-    """One beam-expansion step of the EAGLE draft loop (ops-spec §1), jittable.
+    """One beam-expansion step of the EAGLE draft loop (docs/ops.md, ``select_top_k_tokens``), jittable.
 
     ``step == 0``: ``topk_p``/``topk_index`` are ``(B, K)`` (the previous draft-extend's top-k),
     ``hidden_states (B, H)`` or ``None``, ``scores`` ignored (may be ``None``).
@@ -209,7 +209,7 @@ def organize_draft_results(
     *,
     num_draft_tokens: int,
 ) -> DraftResults:
-    """Top-(N-1) candidate selection over all recorded draft steps (ops-spec §2.2), jittable.
+    """Top-(N-1) candidate selection over all recorded draft steps (docs/ops.md, ``organize_draft_results``), jittable.
 
     ``score_list[i]`` / ``token_list[i]`` / ``parents_list[i]`` are the ``tree_info`` fields of
     step ``i`` (scores are flattened per request; token widths must match score widths).
@@ -278,7 +278,7 @@ def organize_mtp_draft_results(
     *,
     config: SpecConfig,
 ) -> DraftResults:
-    """Multi-layer EAGLE / MTP organisation (ops-spec §2.3), jittable.
+    """Multi-layer EAGLE / MTP organisation (docs/ops.md, ``organize_mtp_draft_results``), jittable.
 
     ``topk_p``/``topk_index`` are ``(B, S*K)``: all S chain steps produced by draft-extend.
     ``K == 1`` gives the chain constants (``parent_list = [-1, 0, .., S-2]``, ``top_scores_index =
