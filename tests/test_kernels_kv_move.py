@@ -378,3 +378,14 @@ def test_swap_across_chunks_is_refused_on_the_host_and_reordered_in_a_trace():
     out = M.move_kv_cache(make_pool(shape, jnp.float32, 0), make_pool(shape, jnp.float32, 1), tgt, src,
                           config=M.MoveConfig(rows=2), implementation="pallas", interpret=True)
     np.testing.assert_array_equal(bits(out.k_buffer), want)
+
+
+@pytest.mark.gpu
+def test_traced_move_updates_the_donated_pool_in_place():
+    """Traced pairs are checked in the program (``lax.cond`` between the kernel and the reference): the donated
+    pools are still updated in place, with no pool-sized temporary (a copy would double the KV pool's memory)."""
+    k = jnp.zeros((4, 1 << 14, 1024), jnp.bfloat16)
+    t = jnp.arange(1, 257, dtype=jnp.int32)
+    f = jax.jit(lambda k, v, t, s: tuple(M.move_kv_cache(k, v, t, s, implementation="pallas")), donate_argnums=(0, 1))
+    stats = f.lower(k, k, t, t + 1000).compile().memory_analysis()
+    assert stats.temp_size_in_bytes < k.nbytes // 8, stats
