@@ -64,9 +64,10 @@ def main(argv=None):
 
     def meta_for(q):
         pos = args.prefix + jnp.arange(q, dtype=jnp.int32)[None]
-        return AttentionMetadata(positions=pos, qmask=causal_qmask(1, q), prefix_lens=jnp.array([args.prefix], jnp.int32),
-                                 page_table=page_table_from_req_to_token(r2t, g), write_locs=r2t[:, args.prefix:args.prefix + q],
-                                 page_size=g)
+        return AttentionMetadata(positions=pos, qmask=causal_qmask(1, q),
+                                 prefix_lens=jnp.array([args.prefix], jnp.int32),
+                                 page_table=page_table_from_req_to_token(r2t, g),
+                                 write_locs=r2t[:, args.prefix:args.prefix + q], page_size=g)
 
     cache = model.make_cache(r2t, int(r2t.max()) + 1)
     inputs = {q: (jnp.ones((1, q), jnp.int32), meta_for(q)) for q in rows}

@@ -1,4 +1,4 @@
-"""Demo: speculative decoding of real text with SmolLM2-135M-Instruct and its trained draft head, against plain decoding.
+"""Demo: speculative decoding of real text with SmolLM2-135M-Instruct and its trained draft head vs plain decoding.
 
 ``python -m jaxspec.demo [--device cpu|gpu] [--config chain|tree|both] [--head DIR] [--prompts 3] [--max-new 96]
 [--repeats 3]``
@@ -42,7 +42,7 @@ SHIPPED_HEADS = {"eagle3": os.path.join(HEADS_DIR, f"{MODEL}-eagle3"), "mtp": os
 CONFIGS = {"chain": (3, 1, 4), "tree": (3, 2, 6)}  # SpecConfig(num_steps, topk, num_draft_tokens)
 TARGET_SPEEDUP = 1.5  # what speculation should reach over plain decoding at batch 1 on CPU
 
-# The demo's chat prompts (written for it; none from MT-Bench, HumanEval or GSM8K). Each renders to 40-48 tokens
+# The demo's chat prompts (written for it; none from MT-Bench, HumanEval or GSM8K). Each renders to 41-46 tokens
 # through SmolLM2's chat template (its default system turn included), so they share one prefill bucket.
 PROMPTS = (
     "Give me three short tips for keeping houseplants alive in a dark flat.",
@@ -273,21 +273,25 @@ def _jit_over(models, fn):
     return lambda *a: jitted(state, *a)
 
 
-def _fastest(fn, repeats: int) -> float:
+def fastest_interleaved(calls: dict, repeats: int) -> dict:
+    """Seconds of each zero-argument jitted call in ``calls``: one untimed call each (the compile), then
+    ``repeats`` rounds calling each once in turn (so a change in the machine's load hits all alike); the fastest."""
     import jax
 
-    jax.block_until_ready(fn())  # compile
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
+    for fn in calls.values():
         jax.block_until_ready(fn())
-        best = min(best, time.perf_counter() - t0)
+    best = {k: float("inf") for k in calls}
+    for _ in range(repeats):
+        for k, fn in calls.items():
+            t0 = time.perf_counter()
+            jax.block_until_ready(fn())
+            best[k] = min(best[k], time.perf_counter() - t0)
     return best
 
 
-def forward_cost(target, rows: int, prefix: int, page_size: int, repeats: int) -> float:
-    """Seconds of the target's forward over ``rows`` fresh tokens after ``prefix`` committed ones (batch 1, K/V
-    written; the fastest of ``repeats`` calls after the compile)."""
+def _window(rows: int, prefix: int, page_size: int):
+    """A batch-1 slot table and the metadata of ``rows`` fresh tokens after ``prefix`` committed ones (causal,
+    K/V written past the prefix)."""
     import jax.numpy as jnp
 
     from jaxspec.models import make_req_to_token
@@ -300,29 +304,31 @@ def forward_cost(target, rows: int, prefix: int, page_size: int, repeats: int) -
                              prefix_lens=jnp.array([prefix], jnp.int32),
                              page_table=page_table_from_req_to_token(r2t, page_size),
                              write_locs=r2t[:, prefix:prefix + rows], page_size=page_size)
+    return r2t, meta
+
+
+def forward_call(target, rows: int, prefix: int, page_size: int):
+    """A zero-argument call of the target's jitted forward over ``rows`` fresh tokens after ``prefix`` committed
+    ones (batch 1, K/V written): what a plain step (1 row) or a verify (N rows) runs."""
+    import jax.numpy as jnp
+
+    r2t, meta = _window(rows, prefix, page_size)
     cache = target.make_cache(r2t, int(r2t.max()) + 1)
     fwd = _jit_over(target, lambda m, t, meta, c: m.forward(t, meta, c)[0].argmax(-1))
     tokens = jnp.ones((1, rows), jnp.int32)
-    return _fastest(lambda: fwd(tokens, meta, cache), repeats)
+    return lambda: fwd(tokens, meta, cache)
 
 
-def draft_cost(target, drafter, spec, prefix: int, page_size: int, repeats: int) -> float:
-    """Seconds of a round's draft work alone: ``propose`` from the committed prefix plus the extend over the
-    ``N``-token verify window (batch 1, the fastest of ``repeats`` calls after the compile)."""
+def draft_call(target, drafter, spec, prefix: int, page_size: int):
+    """A zero-argument call of a round's draft work alone, jitted: ``propose`` from the committed prefix plus the
+    extend over the ``N``-token verify window (batch 1)."""
     import jax.numpy as jnp
 
-    from jaxspec.models import make_req_to_token
-    from jaxspec.protocols import AttentionMetadata, page_table_from_req_to_token
-    from jaxspec.pipeline import causal_qmask, root_metadata
+    from jaxspec.pipeline import root_metadata
 
     n = spec.num_draft_tokens
-    width = -(-(prefix + n + 1) // page_size) * page_size
-    r2t = jnp.asarray(make_req_to_token(1, width, page_size))
-    seq = jnp.array([prefix], jnp.int32)
-    root = root_metadata(seq, r2t, page_size=page_size)
-    window = AttentionMetadata(positions=prefix + jnp.arange(n, dtype=jnp.int32)[None], qmask=causal_qmask(1, n),
-                               prefix_lens=seq, page_table=page_table_from_req_to_token(r2t, page_size),
-                               write_locs=r2t[:, prefix:prefix + n], page_size=page_size)
+    r2t, window = _window(n, prefix, page_size)
+    root = root_metadata(window.prefix_lens, r2t, page_size=page_size)
     state = drafter.init_state(spec, r2t, int(r2t.max()) + 1)
     tokens = jnp.ones((1, n), jnp.int32)
     hidden = jnp.zeros((1, n, int(target.feature_size)), jnp.float32)
@@ -334,7 +340,7 @@ def draft_cost(target, drafter, spec, prefix: int, page_size: int, repeats: int)
         return drafts, d.extend_after_verify(spec, st, tokens, hidden, window, accept)
 
     fn = _jit_over((target, drafter), work)  # the drafter may share the target's weights (split together)
-    return _fastest(lambda: fn(state), repeats)
+    return lambda: fn(state)
 
 
 # ------------------------------------------------------------------------------------------- report
@@ -444,25 +450,30 @@ def main(argv=None) -> int:
         print(f"{m}: {speedups[m]:.2f}x plain tokens/s ({results[m]['accept']:.2f} tokens per round; a round costs "
               f"{round_s / step_s:.2f} plain decode steps; medians: {median_s['plain'] / median_s[m]:.2f}x)")
 
-    # Where a round's time goes: its parts timed alone at the prompts' mean context.
+    # Where a round's time goes: its parts timed alone at the prompts' mean context, interleaved.
     prefix = int(np.mean([len(p) for p in setup.prompts])) + args.max_new // 2
-    reps = max(3, args.repeats)
-    one = forward_cost(setup.target, 1, prefix, args.page_size, reps)
+    reps = max(5, 2 * args.repeats)
+    calls = {"forward 1": forward_call(setup.target, 1, prefix, args.page_size)}
+    for m in names:
+        n = specs[m].num_draft_tokens
+        calls.setdefault(f"forward {n}", forward_call(setup.target, n, prefix, args.page_size))
+        calls[f"draft {m}"] = draft_call(setup.target, setup.drafter, specs[m], prefix, args.page_size)
+    part = fastest_interleaved(calls, reps)
+    one = part["forward 1"]
     ratios = {}
     print()
-    print(f"where the time goes (each part alone, fastest of {reps}, context {prefix}): a one-row target forward "
-          f"{1e3 * one:.1f} ms, a plain step {1e3 * step_s:.1f} ms")
+    print(f"where the time goes (each part alone, fastest of {reps} interleaved, context {prefix}): a one-row target "
+          f"forward {1e3 * one:.1f} ms; a plain step {1e3 * step_s:.1f} ms (its share of prefill included)")
     for m in names:
         spec = specs[m]
-        verify = forward_cost(setup.target, spec.num_draft_tokens, prefix, args.page_size, reps)
-        draft = draft_cost(setup.target, setup.drafter, spec, prefix, args.page_size, reps)
+        verify, draft = part[f"forward {spec.num_draft_tokens}"], part[f"draft {m}"]
         round_s = run_s[m] / max(1, sum(rounds[m]))
         ratios[m] = verify / one
         acc = acceptance_per_position(accept_lens[m], spec.num_steps)
         print(f"  {m}: round {1e3 * round_s:.1f} ms = verify forward ({spec.num_draft_tokens} rows) "
               f"{1e3 * verify:.1f} ms ({verify / one:.2f} one-row forwards) + draft (propose {spec.num_steps} steps + "
-              f"extend over {spec.num_draft_tokens} rows) {1e3 * draft:.1f} ms + bookkeeping and loop "
-              f"{1e3 * (round_s - verify - draft):.1f} ms")
+              f"extend over {spec.num_draft_tokens} rows) {1e3 * draft:.1f} ms + the rest (bookkeeping, loop, "
+              f"prefill) {1e3 * (round_s - verify - draft):.1f} ms")
         print(f"  {m}: drafts accepted per position (of {len(accept_lens[m])} rounds): "
               + ", ".join(f"{k + 1}: {a:.0%}" for k, a in enumerate(acc)))
     if args.device == "cpu":

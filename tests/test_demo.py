@@ -146,8 +146,9 @@ def test_decode_helpers_on_an_eagle3_pair(eagle3_pair):
         np.testing.assert_array_equal(Engine.result(timed).tokens[0], res.tokens[0])
         out[name] = res.tokens[0]
     np.testing.assert_array_equal(out["chain"], out["plain"])
-    assert demo.forward_cost(target, 4, 20, 8, 1) > 0
-    assert demo.draft_cost(target, drafter, spec, 20, 8, 1) > 0
+    calls = {"verify": demo.forward_call(target, 4, 20, 8), "draft": demo.draft_call(target, drafter, spec, 20, 8)}
+    parts = demo.fastest_interleaved(calls, 2)
+    assert set(parts) == {"verify", "draft"} and all(0 < t < 60 for t in parts.values())
 
 
 def _table(out: str) -> dict:
