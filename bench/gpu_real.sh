@@ -10,8 +10,8 @@
 # State that later calls of the same warm machine reuse lives under /tmp (the model, the site, the runs).
 # Parts:
 #   gguf0     keep part00;  gguf1: add part01, assemble /tmp/model.gguf and check its sha256
-#   drafters  train_draft's data stage (self-distilled conversations), then the EAGLE-3 and MTP heads
-#             (resumable: a rerun continues where a cut-short one stopped); heads and curves into $OUT/heads
+#   drafters  bench/train_heads.sh: the self-distilled data, then the EAGLE-3 and MTP heads (resumable: a rerun
+#             continues where a cut-short one stopped; on one H200 the whole recipe needs two calls)
 #   real      bench/real_model.py (REAL_ARGS: its options; heads: $OUT/heads from drafters, else the shipped ones)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -37,28 +37,21 @@ site() {  # gguf and jaxspec importable (no install needs the network)
   jaxspec_site /tmp/jsite "$SRC"
   export PYTHONPATH=/tmp/jsite:/tmp/site
 }
-heads() {  # the heads real_model.py uses: this run's, else the shipped ones
-  local a=jaxspec/assets/heads/smollm2-135m-instruct
-  E3=$OUT/heads/eagle3; [ -f "$E3/config.json" ] || E3=$RUNS/e3/eagle3; [ -f "$E3/config.json" ] || E3=$a-eagle3
-  MTP=$OUT/heads/mtp; [ -f "$MTP/config.json" ] || MTP=$RUNS/mtp/mtp; [ -f "$MTP/config.json" ] || MTP=$a-mtp
+heads() {  # the heads real_model.py uses: this machine's trained ones, else the shipped ones
+  local a=$SRC/jaxspec/assets/heads/smollm2-135m-instruct
+  E3=$RUNS/e3/eagle3; [ -f "$E3/config.json" ] || E3=$a-eagle3
+  MTP=$RUNS/mtp/mtp; [ -f "$MTP/config.json" ] || MTP=$a-mtp
 }
 for p in "$@"; do case $p in
   gguf0) mkdir -p /tmp/parts && cp "$IN/p0/part00" /tmp/parts/ && ls -la /tmp/parts ;;
   gguf1) cp "$IN/p1/part01" /tmp/parts/ && cat /tmp/parts/part00 /tmp/parts/part01 > $GGUF \
            && echo "$GGUF_SHA  $GGUF" | sha256sum -c | tee "$OUT/gguf.sha256" || fail=1 ;;
-  drafters) site
-    T="python3 -m jaxspec.train_draft --target $GGUF --device gpu --seed 0"
-    step data ${DATA_TIMEOUT:-200} $T --arch eagle3 --out $RUNS/e3 --stage data --num-prompts ${NUM_PROMPTS:-16384} \
-      --gen-batch 512 --prompt-len 64 --response-len 256
-    mkdir -p $RUNS/mtp && ln -sf $RUNS/e3/data.npz $RUNS/mtp/data.npz
-    step train_eagle3 ${E3_TIMEOUT:-280} $T --arch eagle3 --out $RUNS/e3 --stage train --steps ${E3_STEPS:-2500} \
-      --batch 64 --lr 5e-4 --draft-vocab 8192 --ttt-length 7 --ckpt-every 250
-    step train_mtp ${MTP_TIMEOUT:-150} $T --arch mtp --out $RUNS/mtp --stage train --steps ${MTP_STEPS:-1500} \
-      --batch 32 --lr 5e-4 --mtp-steps 3 --ckpt-every 250
-    mkdir -p "$OUT/heads"
-    for a in e3:eagle3 mtp:mtp; do d=$RUNS/${a%%:*}; [ -d "$d/${a#*:}" ] && cp -r "$d/${a#*:}" "$OUT/heads/"
-      cp "$d/curves.json" "$OUT/heads/curves_${a#*:}.json" 2>/dev/null; cp "$d/curves.png" "$OUT/heads/curves_${a#*:}.png" 2>/dev/null
-    done; ls -la "$OUT/heads" "$OUT"/heads/* ;;
+  drafters) site  # bench/train_heads.sh under per-stage limits; heads and curves come back as heads.tar.NN (the
+    # device returns at most 8 files of 16 MiB): cat heads.tar.* | tar -x
+    DATA_TIMEOUT=${DATA_TIMEOUT:-170} E3_TIMEOUT=${E3_TIMEOUT:-300} MTP_TIMEOUT=${MTP_TIMEOUT:-150} PY=python3 \
+      step drafters 590 bash bench/train_heads.sh $GGUF $RUNS
+    tar -cf /tmp/heads.tar -C $RUNS e3/eagle3 e3/curves.json e3/curves.png mtp/mtp mtp/curves.json mtp/curves.png \
+      && split -b 15000000 -d /tmp/heads.tar "$OUT/heads.tar." && ls -la "$OUT" ;;
   real) site; heads
     XLA_FLAGS="${XLA_FLAGS-$GPU_XLA_FLAGS}" step real ${REAL_TIMEOUT:-560} env -u TORCHDYNAMO_DISABLE python3 bench/real_model.py \
       --model $GGUF --questions "$IN/q/question.jsonl" --eagle3 "$E3" --mtp "$MTP" --json "$OUT/real_model.json" \

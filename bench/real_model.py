@@ -64,6 +64,7 @@ def _parse(argv):
     ap.add_argument("--hf-prompts-b1", type=int, default=2, help="hf part: prompts timed one by one at batch 1")
     ap.add_argument("--page-size", type=int, default=16, help="jaxspec's KV page size")
     ap.add_argument("--device", choices=["cpu", "gpu"], default="gpu", help="JAX platform")
+    ap.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16", help="jaxspec weights and KV")
     ap.add_argument("--budget-s", type=float, default=None, help="start no new row after this many seconds")
     ap.add_argument("--json", default=None, help="write the rows here (after every row)")
     ap.add_argument("--png", default=None, help="plot: speed-up over plain per config and batch, accept histogram")
@@ -124,14 +125,14 @@ class Models:
     def __init__(self, args):
         import jax.numpy as jnp
 
-        self.args, self.bf16 = args, jnp.bfloat16
+        self.args, self.dtype = args, getattr(jnp, args.dtype)
         self._plain = self._e3 = None
 
     def plain(self):
         from jaxspec.models import load_model
 
         if self._plain is None:
-            self._plain = load_model(self.args.model, param_dtype=self.bf16, kv_dtype=self.bf16)
+            self._plain = load_model(self.args.model, param_dtype=self.dtype, kv_dtype=self.dtype)
         return self._plain
 
     def drafter(self, kind: str, max_steps: int):
@@ -143,9 +144,9 @@ class Models:
             if self.args.eagle3 is None:
                 return None
             if self._e3 is None:
-                head = load_eagle3(self.args.eagle3, param_dtype=self.bf16, kv_dtype=self.bf16)
+                head = load_eagle3(self.args.eagle3, param_dtype=self.dtype, kv_dtype=self.dtype)
                 n = self.plain().cfg.num_hidden_layers
-                target = load_model(self.args.model, param_dtype=self.bf16, kv_dtype=self.bf16,
+                target = load_model(self.args.model, param_dtype=self.dtype, kv_dtype=self.dtype,
                                     aux_layers=aux_layers_from_ids(head.cfg.aux_layer_ids, n))
                 self._e3 = (target, EAGLE3Drafter(head, target))
             return self._e3
@@ -349,9 +350,9 @@ def main(argv=None) -> int:
                                                                     if c not in CONFIGS]
     if bad:
         raise SystemExit(f"--parts/--configs: unknown {bad}")
-    batches = [int(x) for x in args.batches.split(",")]
+    batches = [int(x) for x in args.batches.split(",") if x]  # none: the spec part measures acceptance only
     tok, prompts = prompt_ids(args.model, args.questions)
-    if len(prompts) < max(batches):
+    if len(prompts) < max(batches, default=0):
         raise SystemExit(f"--questions: {len(prompts)} prompts, fewer than the largest batch")
     eos = tok.end_of_turn_token_id
     print(f"{len(prompts)} prompts, {min(map(len, prompts))}-{max(map(len, prompts))} tokens; end of turn {eos}",
