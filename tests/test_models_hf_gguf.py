@@ -1,11 +1,11 @@
 """GGUF files against transformers' own GGUF loader (``from_pretrained(dir, gguf_file=...)``), through
 ``jaxspec.interop.check_model``: tiny llama GGUFs written in the tests (f32: prompt logits within ``rtol =
 1e-4`` of the logit scale, see check_model's docstring; greedy tokens identical), prompts of several lengths in
-one batch, the bf16 report; the real SmolLM2-135M-Instruct (slow: needs the 98 MB download). Skipped without
-transformers / torch."""
+one batch, the bf16 report and its failure on a systematic error, "cannot compare" (exit 3) against "differs"
+(exit 1); the real SmolLM2-135M-Instruct GGUF and its converted directory on 8 MT-Bench chat prompts (slow: the
+98 MB model and the MT-Bench questions are downloaded once). Skipped without transformers / torch."""
 
 import json
-import os
 
 import numpy as np
 import pytest
@@ -160,45 +160,47 @@ def test_converted_directory_matches_transformers(tiny, tmp_path):
 # the real model
 
 SMOLLM2 = "smollm2-135m-instruct"
-# The first first-turn question of each MT-Bench category (question ids 81, 91, ..., 151).
-MT_BENCH = (
-    "Compose an engaging travel blog post about a recent trip to Hawaii, highlighting cultural experiences and "
-    "must-see attractions.",
-    "Pretend yourself to be Elon Musk in all the following conversations. Speak like Elon Musk as much as possible. "
-    "Why do we need to go to Mars?",
-    "Imagine you are participating in a race with a group of people. If you have just overtaken the second person, "
-    "what's your current position? Where is the person you just overtook?",
-    "The vertices of a triangle are at points (0, 0), (-1, 1), and (3, 3). What is the area of the triangle?",
-    "Develop a Python program that reads all the text files under a directory and returns top-5 words with the most "
-    "number of occurrences.",
-    "In the field of quantum physics, what is superposition, and how does it relate to the phenomenon of quantum "
-    "entanglement?",
-    "Provide insights into the correlation between economic indicators such as GDP, inflation, and unemployment "
-    "rates. Explain how fiscal and monetary policies affect those indicators.",
-    "Evaluate the following movie reviews on a scale of 1 to 5, with 1 being very negative, 3 being neutral, and 5 "
-    "being very positive:\n1. This movie released on Nov. 18, 2019, was phenomenal. The cinematography, the acting, "
-    "the plot - everything was top-notch.\n2. Never before have I been so disappointed with a movie.\nReturn the "
-    "answer as a JSON array of integers.",
-)
 
 
-def _smollm2_prompts(path):
-    """MT-Bench questions through the model's chat template, tokenized by transformers (the reference)."""
-    tok = transformers.AutoTokenizer.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path))
-    out = []
-    for q in MT_BENCH:
-        ids = tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=True)
-        out.append([int(t) for t in (ids["input_ids"] if hasattr(ids, "keys") else ids)])
-    return out
-
-
-@pytest.mark.slow
-def test_smollm2_f32_matches_transformers():
-    """SmolLM2-135M-Instruct (Q4_1 GGUF), f32: 8 MT-Bench prompts x 64 greedy tokens identical, logits within
-    1e-4 of their scale."""
+@pytest.fixture(scope="module")
+def smollm2():
+    """The SmolLM2-135M-Instruct GGUF and 8 MT-Bench first turns (one per category) through its chat template
+    (both fetched once into the cache, hash-checked)."""
+    from jaxspec.interop.check_model import mtbench_prompts
     from jaxspec.models.fetch import fetch_model
 
     path = str(fetch_model(SMOLLM2, quiet=True))
-    res = check_model(path, prompts=_smollm2_prompts(path), new_tokens=64)
+    return path, mtbench_prompts(path, 8)
+
+
+@pytest.mark.slow
+def test_smollm2_f32_matches_transformers(smollm2):
+    """SmolLM2-135M-Instruct (Q4_1 GGUF), f32: 8 MT-Bench prompts x 64 greedy tokens identical, logits within
+    1e-4 of their scale."""
+    path, prompts = smollm2
+    res = check_model(path, prompts=prompts, new_tokens=64)
     print(format_report(res))
-    assert res.logits_ok and res.greedy_ok, format_report(res)
+    assert len(res.prompts) == 8 and res.logits_ok and res.greedy_ok and res.ok, format_report(res)
+
+
+@pytest.mark.slow
+def test_smollm2_converted_directory_matches_transformers(smollm2, tmp_path):
+    """The directory python -m jaxspec.models.convert writes, read by transformers as a plain checkpoint: the
+    same 8 prompts x 64 tokens identical in f32."""
+    from jaxspec.models.convert import convert_gguf
+
+    path, prompts = smollm2
+    d = convert_gguf(path, tmp_path / "hf")
+    res = check_model(str(d), prompts=prompts, new_tokens=64)
+    print(format_report(res))
+    assert res.logits_ok and res.greedy_ok and res.ok, format_report(res)
+
+
+@pytest.mark.slow
+def test_smollm2_bf16_divergences_are_near_ties(smollm2):
+    """bf16 on both sides: jaxspec's logit error against f32 no worse than twice transformers', and every prompt
+    whose greedy path parts does so at a near-tie (the two tokens swapped, both gaps within the bf16 error)."""
+    path, prompts = smollm2
+    res = check_model(path, prompts=prompts, new_tokens=64, dtype="bfloat16")
+    print(format_report(res))
+    assert res.err_ok and res.near_ties_ok and res.ok, format_report(res)
