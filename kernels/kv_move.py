@@ -32,7 +32,8 @@ in ONE launch. What it guarantees (see ``dynamic_validate_move`` for the exact r
 Out-of-range values (one rule, reference and kernel alike): a pair whose ``tgt`` or ``src`` slot lies
 outside ``[0, X)`` is dropped (nothing written, no wrap-around to slot ``X - 1``). In the accept move a
 request's moved entries are its leading ``k < min(accept_lens[b], A, N)`` entries whose node ids lie in
-``[0, B*N)``; the row is cut at the first entry that is not (so no other request's slot is written).
+``[b*N, (b+1)*N)`` (its own) in increasing order; the row is cut at the first entry that is not (so no
+other request's slot is read or written).
 Checked mode flags all of these, and traced hazards (``move_hazards``), before anything is written
 (``kernels/_dispatch.py``).
 """
@@ -137,13 +138,19 @@ def compact_accept_to_front_reference(x, accept_index, *, num_draft_tokens):
 
 
 def accepted_prefix(accept_index, accept_lens, num_draft_tokens: int):
-    """The entries the accept move uses: row b keeps its leading ``k < min(accept_lens[b], A, N)`` entries with
-    node ids in ``[0, B*N)``, cut at the first entry that is not; returns ``(accept_index, accept_lens)`` with
-    the rest set to -1 / counted out. The identity on verify's legal outputs."""
+    """The entries the accept move uses: row b keeps its leading ``k < min(accept_lens[b], A, N)`` entries that
+    are node ids of request b (in ``[b*N, (b+1)*N)``) in increasing order, cut at the first entry that is not;
+    returns ``(accept_index, accept_lens)`` with the rest set to -1 / counted out. The identity on verify's legal
+    outputs (the root, then the accepted nodes, each a child of the one before: increasing ids), and what makes
+    the kernel's request-aligned move equal the reference for every input: entry k then reads window slot
+    ``>= k`` of its own request only."""
     bs, a = accept_index.shape
+    n = num_draft_tokens
     k = jnp.arange(a, dtype=jnp.int32)[None, :]
-    good = (k < accept_lens[:, None]) & (k < num_draft_tokens) & (accept_index >= 0)
-    good = good & (accept_index < bs * num_draft_tokens)
+    first = jnp.arange(bs, dtype=jnp.int32)[:, None] * n
+    prev = jnp.concatenate([jnp.full((bs, 1), -1, jnp.int32), accept_index[:, :-1]], axis=1)
+    good = (k < accept_lens[:, None]) & (k < n) & (accept_index >= first) & (accept_index < first + n)
+    good = good & (accept_index > prev)
     keep = jnp.cumprod(good.astype(jnp.int32), axis=1) > 0
     return jnp.where(keep, accept_index, -1), jnp.sum(keep, axis=1, dtype=jnp.int32)
 
@@ -488,28 +495,43 @@ def _aligned_accept_pairs(accept_index, accept_lens, out_cache_loc, width):
     return jnp.where(use, tgt, zero).reshape(-1), jnp.where(use, src, zero).reshape(-1)
 
 
+def _accept_pairs(ai, lens, ocl, config):
+    """The Pallas path's request-aligned pairs of ``accepted_prefix``'s entries, and their span (whole requests
+    per span: requests never straddle spans)."""
+    bs, a = ai.shape
+    ai, lens = accepted_prefix(ai, lens, ocl.shape[0] // bs)
+    width = next_pow2(a)
+    tgt, src = _aligned_accept_pairs(ai, lens, ocl, width)
+    return tgt, src, max(width, config.rows)
+
+
 def _accept_move_checks(k_buffer, v_buffer, ai, lens, ocl, *, paged, config):
     bs, a = ai.shape
     n = ocl.shape[0] // bs
     kk = jnp.arange(a, dtype=jnp.int32)
     num_slots = int(np.prod(k_buffer.shape[1:(3 if paged else 2)]))
+    valid = kk[None, :] < lens[:, None]
+    first = jnp.arange(bs, dtype=jnp.int32)[:, None] * n
+    prev = jnp.concatenate([jnp.full((bs, 1), -1, jnp.int32), ai[:, :-1]], axis=1)
+    tgt, src, span = _accept_pairs(ai, lens, ocl, config)
     return [
         ((lens >= 0) & (lens <= min(a, n)), f"accept_lens: expected values in [0, min(A, N) = {min(a, n)}]"),
         ((ai >= 0) == (kk[None, :] < lens[:, None]),
          "accept_index: the valid (>= 0) entries of row b must be its first accept_lens[b] entries"),
         ((ai >= -1) & (ai < ocl.shape[0]), f"accept_index: expected -1 or a node id in [0, {ocl.shape[0]})"),
         ((ocl >= 0) & (ocl < num_slots), f"out_cache_loc: slot out of range [0, {num_slots})"),
+        (~valid | ((ai >= first) & (ai < first + n) & (ai > prev)),
+         "accept_index: row b's entries must be node ids of request b, in [b*N, (b+1)*N), in increasing order"),
+        (~jnp.any(move_hazards(tgt, src, rows=config.rows, span=run_span(tgt.shape[0], span, config.rows),
+                               num_slots=num_slots, xp=jnp)),
+         "out_cache_loc: a slot in two requests' windows (or twice in one): the move would depend on its order"),
     ]
 
 
 def _accept_move_impl(k_buffer, v_buffer, ai, lens, ocl, *, paged, config, implementation, interpret):
     if implementation == "reference":
         return move_accept_tokens_to_target_kvcache_reference(k_buffer, v_buffer, ai, lens, ocl, paged=paged)
-    bs, a = ai.shape
-    ai, lens = accepted_prefix(ai, lens, ocl.shape[0] // bs)
-    width = next_pow2(a)
-    tgt, src = _aligned_accept_pairs(ai, lens, ocl, width)
-    span = max(width, config.rows)  # whole requests per span; requests never straddle spans
+    tgt, src, span = _accept_pairs(ai, lens, ocl, config)
     return _move(k_buffer, v_buffer, tgt, src, span=span, paged=paged, config=config, impl=implementation,
                  interpret=interpret)
 

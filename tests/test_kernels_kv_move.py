@@ -389,3 +389,41 @@ def test_traced_move_updates_the_donated_pool_in_place():
     f = jax.jit(lambda k, v, t, s: tuple(M.move_kv_cache(k, v, t, s, implementation="pallas")), donate_argnums=(0, 1))
     stats = f.lower(k, k, t, t + 1000).compile().memory_analysis()
     assert stats.temp_size_in_bytes < k.nbytes // 8, stats
+
+
+def _accept_oracle(pool_bits, ai, lens, ocl, n):
+    """The accept move's parallel assignment over the entries it uses: row b's leading entries that are its own
+    node ids, increasing, within ``accept_lens[b]`` and ``N``."""
+    bs, a = ai.shape
+    out = pool_bits.copy()
+    for b in range(bs):
+        for j in range(min(a, n)):
+            node = ai[b, j]
+            if j >= lens[b] or not b * n <= node < (b + 1) * n or (j and node <= ai[b, j - 1]):
+                break
+            out[:, ocl[b * n + j]] = pool_bits[:, ocl[node]]
+    return out
+
+
+@settings(max_examples=40)
+@given(shape=st.sampled_from([(8, 4, 4), (2, 20, 24)]), data=st.data())
+def test_accept_move_equals_the_reference_for_every_accept_index(shape, data):
+    """Any accept_index (other requests' nodes, repeats, decreasing ids, -1 holes, out of range) and any
+    accept_lens, over distinct window slots: the Pallas move (request-aligned spans: B = 8 requests of 4 pairs
+    in two 16-pair spans; at A = 20 a request spans two 16-pair chunks) equals the reference and the oracle bit
+    for bit."""
+    bs, a, n = shape
+    ai = np.array(data.draw(st.lists(st.integers(-1, bs * n + 1), min_size=bs * a, max_size=bs * a)), np.int32)
+    ai = ai.reshape(bs, a)
+    if data.draw(st.booleans()):  # mostly legal rows: each row's own nodes, increasing, with a few edits
+        ai = np.sort(np.abs(ai) % n, axis=1) + np.arange(bs, dtype=np.int32)[:, None] * n
+    lens = np.array(data.draw(st.lists(st.integers(0, a + 1), min_size=bs, max_size=bs)), np.int32)
+    slots = bs * n + 5
+    ocl = (1 + np.random.default_rng([SEED, bs]).permutation(slots - 1)[: bs * n]).astype(np.int32)
+    pool = (2, slots, 1, 4)
+    kb = bits(make_pool(pool, jnp.float32, 0))
+    want = _accept_oracle(kb, ai, lens, ocl, n)
+    for impl in (dict(implementation="reference"), dict(implementation="pallas", interpret=True)):
+        out = M.move_accept_tokens_to_target_kvcache(make_pool(pool, jnp.float32, 0), make_pool(pool, jnp.float32, 3),
+                                                     ai, lens, ocl, **impl)
+        np.testing.assert_array_equal(bits(out.k_buffer), want, err_msg=f"{impl} {ai=} {lens=}")

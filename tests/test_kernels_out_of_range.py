@@ -45,8 +45,8 @@ def _accept_expect(pool, ai, lens, ocl, n):
     for b in range(bs):
         for j in range(a):
             node = ai[b, j]
-            if j >= lens[b] or j >= n or not 0 <= node < bs * n:
-                break
+            if j >= lens[b] or j >= n or not b * n <= node < (b + 1) * n or (j and node <= ai[b, j - 1]):
+                break  # the row ends where it leaves its own nodes or stops increasing
             out[:, ocl[b * n + j]] = pool[:, ocl[node]]
     return out
 
@@ -58,6 +58,11 @@ def test_move_accept_out_of_range_never_writes_another_request(impl):
     ocl = np.arange(bs * n, dtype=I32) + 2
     ai = np.array([[0, 2, 3], [4, -1, 6], [8, 99, 10]], I32)  # row 1: negative mid-row; row 2: node >= B*N
     lens = np.array([5, 3, 3], I32)  # row 0: accept_lens > A
+    kk, _ = M.move_accept_tokens_to_target_kvcache(jnp.asarray(pool), jnp.asarray(pool), ai, lens, ocl, **impl)
+    np.testing.assert_array_equal(np.asarray(kk), _accept_expect(pool, ai, lens, ocl, n))
+    # another request's nodes (a swap across requests: 1 <-> 5), and a row that goes back (10 after 11)
+    ai = np.array([[0, 5, 2], [4, 1, -1], [8, 11, 10]], I32)
+    lens = np.array([3, 2, 3], I32)
     kk, _ = M.move_accept_tokens_to_target_kvcache(jnp.asarray(pool), jnp.asarray(pool), ai, lens, ocl, **impl)
     np.testing.assert_array_equal(np.asarray(kk), _accept_expect(pool, ai, lens, ocl, n))
 
