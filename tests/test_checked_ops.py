@@ -22,16 +22,27 @@ def _tree_args(seq_lens):
 
 
 def test_build_tree_checks_are_in_the_jit_key_and_flag_bad_seq_lens():
+    """Host values (NumPy, or a concrete jax array passed eagerly) are checked on the host in every mode; traced
+    ones in checked mode only, and the switch is part of build_tree's jit key: a traced plain call, then a
+    checked one (flagged), then a plain one again (the defined result, no check)."""
     bad = jnp.array([9, 9], jnp.int32)  # sum 18 > max_seq_lens_sum 10
-    build_tree(*_tree_args(bad), config=CFG, max_seq_lens_sum=10)  # plain first (defined, documented result)
-    with jaxspec.checks(), pytest.raises(checkify.JaxRuntimeError, match="exceeds max_seq_lens_sum=10"):
+    with pytest.raises(ValueError, match="exceeds max_seq_lens_sum=10"):
         build_tree(*_tree_args(bad), config=CFG, max_seq_lens_sum=10)
-    build_tree(*_tree_args(bad), config=CFG, max_seq_lens_sum=10)  # plain after checked
-    err, _ = checked_call(build_tree, *_tree_args(jnp.array([-3, 2], jnp.int32)), config=CFG, max_seq_lens_sum=10)
+
+    def traced():  # a fresh caller's jit each time (its own cache does not know the switch)
+        return jax.jit(lambda s: build_tree(*_tree_args(s), config=CFG, max_seq_lens_sum=10))
+
+    traced()(bad)  # plain first (defined, documented result)
+    err, _ = checked_call(traced(), bad)
+    with pytest.raises(checkify.JaxRuntimeError, match="exceeds max_seq_lens_sum=10"):
+        err.throw()
+    traced()(bad)  # plain after checked
+    err, _ = checked_call(traced(), jnp.array([-3, 2], jnp.int32))
     with pytest.raises(checkify.JaxRuntimeError, match="seq_lens: expected non-negative"):
         err.throw()
-    err, _ = checked_call(build_chain_tree, jnp.array([1, 2], jnp.int32), jnp.array([[5, 6], [7, 8]], jnp.int32),
-                          jnp.array([-1, 0], jnp.int32), config=CFG)
+    chain = jax.jit(lambda s: build_chain_tree(jnp.array([1, 2], jnp.int32), jnp.array([[5, 6], [7, 8]], jnp.int32),
+                                               s, config=CFG))
+    err, _ = checked_call(chain, jnp.array([-1, 0], jnp.int32))
     with pytest.raises(checkify.JaxRuntimeError, match="seq_lens: expected non-negative"):
         err.throw()
     with pytest.raises(ValueError, match="seq_lens: expected non-negative values"):
@@ -39,15 +50,19 @@ def test_build_tree_checks_are_in_the_jit_key_and_flag_bad_seq_lens():
 
 
 def test_traced_top_k_top_p_are_flagged_in_checked_mode():
+    """Traced top_k / top_p (inside a caller's jit) are flagged by checked mode; host values are refused on the
+    host."""
     probs = jnp.full((1, 4), 0.25, jnp.float32)
-    err, _ = checked_call(top_k_renorm_prob, probs, jnp.array([0], jnp.int32))
+    err, _ = checked_call(jax.jit(top_k_renorm_prob), probs, jnp.array([0], jnp.int32))
     with pytest.raises(checkify.JaxRuntimeError, match="top_k: expected values >= 1"):
         err.throw()
+    with pytest.raises(ValueError, match="top_k: expected values >= 1"):
+        top_k_renorm_prob(probs, jnp.array([0], jnp.int32))
     for p in (0.0, 1.5, float("nan")):
-        err, _ = checked_call(top_p_renorm_prob, probs, jnp.array([p], jnp.float32))
+        err, _ = checked_call(jax.jit(top_p_renorm_prob), probs, jnp.array([p], jnp.float32))
         with pytest.raises(checkify.JaxRuntimeError, match=r"top_p: expected values in \(0, 1\]"):
             err.throw()
-    err, _ = checked_call(top_p_renorm_prob, probs, jnp.array([0.5], jnp.float32))
+    err, _ = checked_call(jax.jit(top_p_renorm_prob), probs, jnp.array([0.5], jnp.float32))
     assert err.get() is None
 
 
@@ -82,8 +97,9 @@ def test_temperature_zero_samples_greedily():
     with pytest.raises(ValueError, match="temperatures: expected values >= 0"):
         eagle_sample(*args, config=cfg, greedy=False, temperatures=np.array([-1.0, 1.0], np.float32),
                      uniform_samples=coins, uniform_samples_for_final_sampling=final)
-    err, _ = checked_call(lambda temps: eagle_sample(*args, config=cfg, greedy=False, temperatures=temps,
-                                                     uniform_samples=coins, uniform_samples_for_final_sampling=final),
+    err, _ = checked_call(jax.jit(lambda temps: eagle_sample(*args, config=cfg, greedy=False, temperatures=temps,
+                                                             uniform_samples=coins,
+                                                             uniform_samples_for_final_sampling=final)),
                           jnp.array([-1.0, 1.0], jnp.float32))
     with pytest.raises(checkify.JaxRuntimeError, match="temperatures: expected values >= 0"):
         err.throw()
