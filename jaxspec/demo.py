@@ -161,6 +161,12 @@ def find_head(head: str | None, shipped: dict | None = None) -> tuple[str, str]:
         f"--out DIR) and pass --head DIR/eagle3")
 
 
+def _shown(path: str) -> str:
+    """``path`` relative to the working directory when it lies below it, else as an absolute path."""
+    rel = os.path.relpath(path)
+    return os.path.abspath(path) if rel.startswith("..") else rel
+
+
 class Setup:
     """What the demo decodes with: the target, a drafter, the prompts as token ids, how to show a reply."""
 
@@ -188,7 +194,7 @@ def load_model_setup(head: str | None, num_prompts: int) -> Setup:
         target = load_model(gguf, param_dtype=jnp.float32, aux_layers=aux_layers_from_ids(draft.cfg.aux_layer_ids,
                                                                                           n_layers))
         drafter = EAGLE3Drafter(draft, target)
-        what = (f"EAGLE-3 head {os.path.relpath(path)} (1 layer, draft vocabulary {draft.cfg.draft_vocab_size}, "
+        what = (f"EAGLE-3 head {_shown(path)} (1 layer, draft vocabulary {draft.cfg.draft_vocab_size}, "
                 f"aux layer ids {list(draft.cfg.aux_layer_ids)})")
     else:
         from jaxspec.train_draft import load_mtp_head
@@ -196,7 +202,7 @@ def load_model_setup(head: str | None, num_prompts: int) -> Setup:
         target = load_mtp_head(load_model(gguf, param_dtype=jnp.float32), path,
                                num_draft_steps=max(c[0] for c in CONFIGS.values()))
         drafter = MTPDrafter(target)
-        what = f"MTP head {os.path.relpath(path)} ({target.num_mtp_layers} layer(s), full vocabulary)"
+        what = f"MTP head {_shown(path)} ({target.num_mtp_layers} layer(s), full vocabulary)"
     texts = list(PROMPTS[:num_prompts])
     prompts = [tok.encode_chat([{"role": "user", "content": t}], add_generation_prompt=True) for t in texts]
     eot = tok.end_of_turn_token_id
@@ -220,7 +226,7 @@ def load_pair_setup(weights: str, num_prompts: int) -> Setup:
     model = load_pair(weights)
     vocab = MockVocab(vocab_size=model.vocab_size)
     texts = make_prompts(num_prompts)
-    return Setup(f"pair {os.path.relpath(weights)} ({model.cfg.num_hidden_layers} layers)", model,
+    return Setup(f"pair {_shown(weights)} ({model.cfg.num_hidden_layers} layers)", model,
                  MTPDrafter(model), [vocab.encode(t) for t in texts], texts, vocab.decode, None, set(),
                  f"its {model.num_mtp_layers} MTP layers")
 
