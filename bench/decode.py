@@ -72,12 +72,7 @@ def main(argv=None) -> int:
     def run_once(eng, prompts, mode, kw):
         inputs = jax.block_until_ready(eng.prepare(prompts, args.max_new, **kw))
         t0 = time.perf_counter()
-        if mode == "loop":
-            state = eng.run(*inputs)
-        else:
-            state = eng.run_prefill(*inputs)
-            while not bool(jax.device_get(state.done).all()):
-                state = eng.run_step(state)
+        state = eng.run(*inputs) if mode == "loop" else eng.run_host_driven(*inputs)
         state = jax.block_until_ready(state)
         return time.perf_counter() - t0, Engine.result(state)
 

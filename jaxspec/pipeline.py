@@ -151,16 +151,28 @@ def _metadata(positions, qmask, prefix_lens, table, write_locs, page_size, imple
 
 def prefill_metadata(
     prompt_lens: Int32[Array, " B"], req_to_token: Int32[Array, "R W"], width: int, *, page_size: int,
-    req_pool_indices: Int32[Array, " B"] | None = None, implementation: str = "auto", interpret: bool = False,
+    prefix_lens: Int32[Array, " B"] | None = None, req_pool_indices: Int32[Array, " B"] | None = None,
+    implementation: str = "auto", interpret: bool = False,
 ) -> AttentionMetadata:
-    """Metadata of a prefill over right-padded prompts ``(B, width)``: positions ``0..width-1``, causal,
-    no prefix, prompt tokens written to ``req_to_token[r, j]`` and padding to slot 0 (the dummy page)."""
+    """Metadata of a prefill over right-padded prompts ``(B, width)``: causal, prompt token ``j`` of row ``r``
+    at position ``prefix_lens[r] + j`` and written to ``req_to_token[r, prefix_lens[r] + j]``, padding to slot
+    0 (the dummy page).
+
+    ``prefix_lens``: tokens already committed before the prompts (default none). Pass the run-time committed
+    lengths (e.g. a fresh ``DecodeState``'s zero ``seq_lens``, as the engine does) rather than leaving it to
+    the default: with a trace-time constant 0, XLA:CPU constant-folds the attention's masked prefix scores
+    at compile time (a ``[B, Hkv, width, group, W]`` reduction per layer: seconds per prompt width)."""
     b = prompt_lens.shape[0]
     _, table = _rows(req_to_token, req_pool_indices, b)
     j = jnp.arange(width, dtype=jnp.int32)[None, :]
-    locs = jnp.where(j < prompt_lens[:, None], table[:, :width], 0)
-    return _metadata(jnp.broadcast_to(j, (b, width)), causal_qmask(b, width), jnp.zeros((b,), jnp.int32), table, locs,
-                     page_size, implementation, interpret)
+    if prefix_lens is None:
+        prefix_lens, pos, slots = jnp.zeros((b,), jnp.int32), jnp.broadcast_to(j, (b, width)), table[:, :width]
+    else:
+        _check_batch("prefix_lens", prefix_lens, b)
+        pos = prefix_lens[:, None] + j
+        slots = jnp.take_along_axis(table, jnp.minimum(pos, table.shape[1] - 1), axis=1)
+    locs = jnp.where(j < prompt_lens[:, None], slots, 0)
+    return _metadata(pos, causal_qmask(b, width), prefix_lens, table, locs, page_size, implementation, interpret)
 
 
 def decode_metadata(

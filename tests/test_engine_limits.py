@@ -1,11 +1,11 @@
-"""Engine resources and checked mode (issue 12: L1 buckets, the up-front memory estimate, D2).
+"""Engine resources and checked mode.
 
 * The KV pools are sized at construction; what does not fit is refused at once with the bytes it needs.
 * ``max_new_tokens`` and the batch are bucketed: one executable serves many limits and batch sizes, and
   padding rows change nothing in the real rows.
-* ``JAXSPEC_CHECKS=1``: ``Engine.generate`` runs (the loop is checkified) and a failed kernel check is a
-  ``ValueError`` naming it. Run in a subprocess: checked and unchecked traces of the same kernels in one
-  process share inner jit caches until every kernel keys its jit on the checks switch (issue 12 D1).
+* ``JAXSPEC_CHECKS=1``: ``Engine.generate`` runs (prefill and loop are checkified) and a failed kernel check
+  is a ``ValueError`` naming the entry point. Run in a subprocess, so that the checked traces start from
+  fresh jit caches.
 """
 
 import os
@@ -53,7 +53,7 @@ def test_buckets_share_one_executable(model):
     eng = Engine(model, None, max_context=48, page_size=16, max_batch=4)
     prompts = [np.arange(2, 2 + n) % 64 for n in (4, 9, 6, 3)]
     full = eng.generate(prompts, [16, 9, 5, 12])
-    jitted = eng._entry_points(False).generate
+    jitted = eng._entry_points(False).decode
     compiles = jitted._cache_size()
     part = eng.generate(prompts[:3], 11)
     assert jitted._cache_size() == compiles
@@ -94,4 +94,5 @@ def test_checked_mode_generates_and_reports(model):
     eng = Engine(model, MTPDrafter(model), spec=TREE, max_context=40, max_batch=2)
     want = eng.generate([np.array([5, 6, 7, 8]), np.array([9, 10])], 6)
     assert lines["TOKENS"] == str([t.tolist() for t in want.tokens])
-    assert lines["ERROR"].startswith("JAXSPEC_CHECKS: a check failed in Engine.generate:"), out.stdout
+    assert lines["ERROR"].startswith(("JAXSPEC_CHECKS: a check failed in Engine.prefill:",
+                                      "JAXSPEC_CHECKS: a check failed in Engine.decode:")), out.stdout

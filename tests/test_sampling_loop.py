@@ -100,7 +100,7 @@ def test_request_alone_equals_request_in_batch(model, prompts):
 
 def test_changing_parameters_never_recompiles(model, prompts):
     eng = _engine(model, CHAIN)
-    fn = eng._entry_points(False).generate
+    fn = eng._entry_points(False).decode
     eng.generate(prompts, MAX_NEW, **SAMPLING)
     eng.generate(prompts, MAX_NEW)
     size = fn._cache_size()

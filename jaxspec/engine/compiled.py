@@ -1,8 +1,10 @@
 """The compiled entry points of the decode loops, shared by every ``Engine`` with equal structure and options.
 
-``generate`` runs prefill and the whole decode loop in ONE jitted call (``lax.while_loop`` over
-``decode_step`` with per-request stopping; no host sync until the result is read); ``prefill``, ``step`` and
-``decode`` are the pieces (the host-driven loop, streaming, calibration). The decode state is donated.
+``prefill`` (the target's prefill and the drafter's extend, one executable per prompt bucket), ``decode``
+(the whole decode loop: a ``lax.while_loop`` over ``decode_step`` with per-request stopping, one executable
+per batch and output bucket, whatever the prompts' lengths) and ``step`` (one round, for the host-driven
+loop). ``Engine.generate`` dispatches prefill then decode without a host sync in between. The decode state
+is donated.
 """
 
 import functools
@@ -19,7 +21,6 @@ from jaxspec.engine.step import decode_loop, decode_step, prefill
 class EntryPoints(NamedTuple):
     prefill: object
     step: object
-    generate: object
     decode: object
 
 
@@ -50,18 +51,12 @@ def entry_points(graphdef, treedef, opts: EngineOptions, checks: bool) -> EntryP
     def _step(params, state):
         return decode_step(*_models(params), opts, state)
 
-    def _generate(params, state, prompts, lens):
-        target, drafter = _models(params)
-        state = prefill(target, drafter, opts, state, prompts, lens)
-        return decode_loop(target, drafter, opts, state)
-
     def _decode(params, state, force_mode, max_rounds):
         return decode_loop(*_models(params), opts, state, force_mode, max_rounds)
 
     return EntryPoints(
         prefill=jax.jit(_checked(_prefill, checks), donate_argnums=(1,)),
         step=jax.jit(_checked(_step, checks), donate_argnums=(1,)),
-        generate=jax.jit(_checked(_generate, checks), donate_argnums=(1,)),
         decode=jax.jit(_checked(_decode, checks), donate_argnums=(1,)),
     )
 

@@ -1,7 +1,8 @@
 """``Engine``: the host boundary of the decode loops.
 
-``Engine.generate`` runs prefill and the whole decode loop in ONE jitted call (``lax.while_loop`` over
-``spec_step`` / ``plain_step`` with per-request stopping; no host sync until the result is read).
+``Engine.generate`` dispatches the prefill and then the whole decode loop (``lax.while_loop`` over
+``spec_step`` / ``plain_step`` with per-request stopping), two executables and no host sync until the
+result is read; the decode loop's executable serves prompts of every length.
 ``Engine.generate_host_driven`` runs one jitted call per round and polls ``done`` on the host (for the
 benchmark). What it is given is checked before anything is traced (``engine.checks``: context overflow,
 page exhaustion, empty or out-of-vocabulary prompts raise ``ValueError``); the KV pools are sized at
@@ -192,9 +193,17 @@ class Engine:
         return out
 
     def run(self, state: DecodeState, prompts: jax.Array, prompt_lens: jax.Array) -> DecodeState:
-        """Jitted: prefill + the whole decode ``while_loop``; ``state`` is donated. No host sync (with
-        checks on, the error flag is read after the call)."""
-        return self._remember(self._call("generate", state, prompts, prompt_lens))
+        """Jitted prefill, then the whole decode ``while_loop`` (``run_prefill`` + ``run_decode``); ``state`` is
+        donated. No host sync (with checks on, the error flag is read after each call)."""
+        return self.run_decode(self.run_prefill(state, prompts, prompt_lens))
+
+    def run_host_driven(self, state: DecodeState, prompts: jax.Array, prompt_lens: jax.Array) -> DecodeState:
+        """Jitted prefill, then one jitted round per call (``run_step``) until the host reads every request
+        done; ``state`` is donated."""
+        state = self.run_prefill(state, prompts, prompt_lens)
+        while not bool(jnp.all(state.done)):
+            state = self.run_step(state)
+        return self._remember(state)
 
     def run_decode(self, state: DecodeState, *, max_rounds: int | None = None, mode: int | None = None) -> DecodeState:
         """Jitted decode ``while_loop`` from a prefilled state (``run_prefill``; ``state`` donated): until every
@@ -275,7 +284,4 @@ class Engine:
         """``generate`` with one jitted call per round and a host ``done`` poll per round."""
         kw = dict(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
         self._ensure_calibrated(len(prompts))
-        state = self.run_prefill(*self.prepare(prompts, max_new_tokens, **kw))
-        while not bool(jnp.all(state.done)):
-            state = self.run_step(state)
-        return self.result(self._remember(state), len(prompts))
+        return self.result(self.run_host_driven(*self.prepare(prompts, max_new_tokens, **kw)), len(prompts))

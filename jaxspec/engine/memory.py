@@ -3,8 +3,9 @@ allocation of a batch's ``DecodeState`` padded to the compile-cache buckets.
 
 Buckets: the batch is padded to the next power of two (padding rows are done from the start and use the
 dummy page), the output buffer to the next power of two of the largest ``max_new_tokens`` (the per-request
-limit is an array), prompts to a multiple of ``PROMPT_BUCKET``; the pool size is fixed per engine. So one
-executable serves every batch size and limit within a bucket.
+limit is an array), the prompts to the next power of two of the longest (at least ``MIN_PROMPT_BUCKET``, at
+most ``max_context``: ``prompt_bucket``); the pool size is fixed per engine. The prompt width only shapes the
+prefill's executable: the decode loop's is one per batch and output bucket whatever the prompts' lengths.
 """
 
 import os
@@ -16,7 +17,7 @@ import numpy as np
 from jaxspec.engine.state import DecodeState, SamplingParams
 from jaxspec.kernels._dispatch import next_pow2
 
-PROMPT_BUCKET = 8  # prompts are right-padded to a multiple of this (fewer recompiles across batches)
+MIN_PROMPT_BUCKET = 8  # the narrowest prompt width (prompts are right-padded to a power of two >= this)
 MIN_OUTPUT_BUCKET = 8  # smallest output-buffer width T
 MEMORY_FRACTION = 0.7  # default share of free memory the KV pools may take (the rest: weights, activations)
 
@@ -68,12 +69,18 @@ def _pad(x: np.ndarray, b: int, fill) -> np.ndarray:
     return out
 
 
+def prompt_bucket(length: int, max_context: int) -> int:
+    """The padded prompt width of a batch whose longest prompt has ``length`` tokens: the next power of two,
+    at least ``MIN_PROMPT_BUCKET`` and at most ``max_context`` (a prompt never exceeds it)."""
+    return min(max(MIN_PROMPT_BUCKET, next_pow2(length)), max_context)
+
+
 def padded_prompts(arrs: list[np.ndarray], max_context: int) -> tuple[np.ndarray, np.ndarray]:
     """``(prompts i32[B, P], prompt_lens i32[B])`` of the batch bucket ``B``; padding rows hold one token (id 0)."""
     n, b = len(arrs), next_pow2(len(arrs))
     lens = np.ones((b,), np.int32)  # padding rows: one token (id 0) on the dummy page
     lens[:n] = [a.size for a in arrs]
-    p = min(-(-int(lens.max()) // PROMPT_BUCKET) * PROMPT_BUCKET, max_context)
+    p = prompt_bucket(int(lens.max()), max_context)
     padded = np.zeros((b, p), np.int32)
     for i, a in enumerate(arrs):
         padded[i, : a.size] = a

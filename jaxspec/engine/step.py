@@ -90,13 +90,16 @@ def prefill(target, drafter, opts: EngineOptions, state: DecodeState, prompts: j
     """Target prefill of right-padded ``prompts (B, P)`` + the drafter's extend of every draft shape; returns
     the new state.
 
-    The first token becomes the bonus and the first output; ``seq_lens = prompt_lens``. Greedy
-    (``state.all_greedy``): the argmax. Else sampled with the keys ``fold_in(key(seed), 0)`` (split: the
-    token's coin, and the drafter's coins in ``verify="draft_probs"``, one key per drafter state).
+    The prompts extend the committed ``seq_lens`` (0 in a prepared state; passed as the run-time prefix, see
+    ``pipeline.prefill_metadata``), which become ``seq_lens + prompt_lens``; the first token becomes the bonus
+    and the first output. Greedy (``state.all_greedy``): the argmax. Else sampled with the keys
+    ``fold_in(key(seed), 0)`` (split: the token's coin, and the drafter's coins in ``verify="draft_probs"``,
+    one key per drafter state).
     """
     b, p = prompts.shape
     r2t = state.target_cache.req_to_token
-    meta = pipeline.prefill_metadata(prompt_lens, r2t, p, page_size=opts.page_size, **_kernel_kw(opts))
+    meta = pipeline.prefill_metadata(prompt_lens, r2t, p, page_size=opts.page_size, prefix_lens=state.seq_lens,
+                                     **_kernel_kw(opts))
     logits, hidden, tcache = target.forward(prompts, meta, state.target_cache)
     rows = jnp.arange(b, dtype=jnp.int32)
     last = logits[rows, prompt_lens - 1]
@@ -115,7 +118,8 @@ def prefill(target, drafter, opts: EngineOptions, state: DecodeState, prompts: j
                 kw = dict(sampling=_draft_sampling(state, keys[:, 1 + i], spec.num_steps))
             states.append(drafter.extend_after_prefill(spec, draft[i], prompts, hidden, meta, prompt_lens, first, **kw))
         draft = tuple(states)
-    state = dataclasses.replace(state, target_cache=tcache, draft=draft, seq_lens=prompt_lens, bonus=first)
+    state = dataclasses.replace(state, target_cache=tcache, draft=draft, seq_lens=state.seq_lens + prompt_lens,
+                                bonus=first)
     out, num, done = append_tokens(state, first[:, None], jnp.ones((b,), jnp.int32))
     return dataclasses.replace(state, out_tokens=out, num_generated=num, done=done)
 
