@@ -7,12 +7,19 @@ stacked from / split into ``q_proj, k_proj, v_proj`` / ``gate_proj, up_proj`` al
 layer ``s`` follows DeepSeek-V3: it is stored as decoder layer ``L + s`` (``model.layers.{L+s}.enorm / hnorm /
 eh_proj / self_attn.* / mlp.* / input_layernorm / post_attention_layernorm``) and ``config.json`` carries
 ``num_nextn_predict_layers``; its embedding, final norm and head are the target's (DeepSeek-V3's per-layer
-``embed_tokens`` / ``shared_head`` copies, if present, are not read). Files are read with ``safetensors`` (``framework="flax"``: no torch, bf16 kept);
-sharded checkpoints go through ``model.safetensors.index.json``. Nothing is downloaded.
+``embed_tokens`` / ``shared_head`` copies, if present, are not read). Sharded checkpoints go through
+``model.safetensors.index.json``. Nothing is downloaded.
+
+Loading (``load_model`` / ``load_weights``) reads only the directory's own regular files (see ``_member``),
+validates every header with ``safetensors.safe_open`` and checks names, dtypes (float only), shapes and the
+layer count before any tensor data is read; tensors are then read a chunk of rows at a time straight into a
+host buffer of the parameter dtype, put on the device and the buffer dropped (no torch; bf16 kept), so peak
+host memory stays near the checkpoint's size plus one parameter.
 """
 
 import dataclasses
 import json
+import mmap
 import os
 import re
 import stat
@@ -85,19 +92,21 @@ def read_config(path: str) -> DecoderConfig:
 
 
 _FLOAT_DTYPES = ("F16", "BF16", "F32", "F64")  # safetensors dtype names that are float weights
-_CHUNK_BYTES = 1 << 26  # a tensor is read 64 MiB of rows at a time
+_CHUNK_BYTES = 1 << 24  # a tensor is read 16 MiB of rows at a time
 _MAX_JSON_BYTES = 64 << 20
 _LAYER = re.compile(r"model\.layers\.(\d+)\.")
 
 
 @dataclasses.dataclass(frozen=True)
 class _Entry:
-    """One tensor of the checkpoint: its file (resolved path and the name the directory gives it), dtype, shape."""
+    """One tensor of the checkpoint: its file (resolved path and the name the directory gives it), dtype, shape
+    and the absolute byte offset of its data (row-major, little-endian)."""
 
     file: str
     label: str
     dtype: str
     shape: tuple[int, ...]
+    start: int
 
 
 def _root(path) -> str:
@@ -150,17 +159,21 @@ def _read_json(root: str, name: str, what: str):
         raise ValueError(f"{root}: {name} is not valid JSON ({e})") from None
 
 
-def _header(real: str, label: str, root: str) -> dict[str, tuple[str, tuple[int, ...]]]:
-    """Tensor name -> (safetensors dtype name, shape) of one file (its header only; safetensors checks that
-    every tensor's bytes lie inside the file)."""
+def _header(real: str, label: str, root: str) -> dict[str, tuple[str, tuple[int, ...], int]]:
+    """Tensor name -> (safetensors dtype name, shape, data offset) of one file, from its header only.
+    ``safe_open`` validates the header first (every tensor's byte range inside the file, consistent with its
+    dtype and shape, none overlapping); the data offsets are then read from that header."""
     from safetensors import SafetensorError, safe_open
 
     try:
         with safe_open(real, framework="numpy") as f:
-            return {k: (f.get_slice(k).get_dtype(), tuple(int(d) for d in f.get_slice(k).get_shape()))
-                    for k in f.keys()}
+            info = {k: (f.get_slice(k).get_dtype(), tuple(int(d) for d in f.get_slice(k).get_shape())) for k in f.keys()}
     except SafetensorError as e:
         raise ValueError(f"{root}: {label} is not a valid safetensors file ({e})") from None
+    with open(real, "rb") as f:
+        n = int.from_bytes(f.read(8), "little")
+        offsets = json.loads(f.read(n))
+    return {k: (dtype, shape, 8 + n + int(offsets[k]["data_offsets"][0])) for k, (dtype, shape) in info.items()}
 
 
 def _tensor_index(root: str) -> dict[str, _Entry]:
@@ -186,39 +199,58 @@ def _tensor_index(root: str) -> dict[str, _Entry]:
     files = {fn: _member(root, fn, "safetensors file") for fn in names}
     out = {}
     for fn, real in files.items():
-        for name, (dtype, shape) in _header(real, fn, root).items():
+        for name, (dtype, shape, start) in _header(real, fn, root).items():
             if name in out:
                 raise ValueError(f"{root}: tensor {name} is in both {out[name].label} and {fn}, and there is no "
                                  f"{_INDEX} to say which one to read")
-            out[name] = _Entry(real, fn, dtype, shape)
+            out[name] = _Entry(real, fn, dtype, shape, start)
     return out
 
 
-def _read_rows(entry: _Entry, name: str, lo: int, hi: int) -> np.ndarray:
-    """Rows ``lo:hi`` of tensor ``name``; the file is opened (memory-mapped) for this read only, so the pages it
-    touched stop counting against the process once the rows are copied out."""
-    from safetensors import safe_open
+def _host_array(shape, dtype) -> np.ndarray:
+    """An uninitialised host array in pages of its own (an anonymous mapping, returned to the system when the
+    array is dropped): a checkpoint's many large, short-lived buffers then never fragment the allocator's heap
+    between the long-lived parameters."""
+    nbytes = max(1, int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize)
+    return np.frombuffer(mmap.mmap(-1, nbytes), np.uint8)[:nbytes].view(dtype)[:int(np.prod(shape))].reshape(shape)
 
-    with safe_open(entry.file, framework="numpy") as f:
-        return f.get_slice(name)[lo:hi]
+
+class _Reader:
+    """Reads rows of a tensor with plain ``readinto`` calls into one reusable scratch buffer (no memory map, so
+    the file's pages never count against the process)."""
+
+    def __init__(self):
+        self.scratch = _host_array((_CHUNK_BYTES,), np.uint8)
+
+    def rows(self, f, entry: _Entry, lo: int, hi: int) -> np.ndarray:
+        dtype = np.dtype(_NP_DTYPES[entry.dtype]).newbyteorder("<")
+        row = int(np.prod(entry.shape[1:], dtype=np.int64)) if entry.shape else 1
+        nbytes = (hi - lo) * row * dtype.itemsize
+        if nbytes > self.scratch.size:
+            self.scratch = _host_array((nbytes,), np.uint8)
+        f.seek(entry.start + lo * row * dtype.itemsize)
+        if f.readinto(memoryview(self.scratch)[:nbytes]) != nbytes:
+            raise ValueError(f"{entry.file}: ended inside the data of a tensor (the file changed while loading)")
+        return self.scratch[:nbytes].view(dtype).reshape((hi - lo, *entry.shape[1:]))
+
+
+_NP_DTYPES = {"F16": np.float16, "BF16": jnp.bfloat16, "F32": np.float32, "F64": np.float64}
 
 
 def _chunks(entry: _Entry):
-    """``(lo, hi)`` row ranges of at most ``_CHUNK_BYTES`` each covering ``entry``'s first axis."""
+    """``(lo, hi)`` row ranges of at most ``_CHUNK_BYTES`` each (or one row) covering ``entry``'s first axis."""
     n = entry.shape[0] if entry.shape else 1
-    row_bytes = int(np.prod(entry.shape[1:], dtype=np.int64)) * np.dtype(_np_dtype(entry.dtype)).itemsize
+    row_bytes = int(np.prod(entry.shape[1:], dtype=np.int64)) * np.dtype(_NP_DTYPES[entry.dtype]).itemsize
     step = max(1, _CHUNK_BYTES // max(row_bytes, 1))
     return [(lo, min(n, lo + step)) for lo in range(0, n, step)]
 
 
-def _np_dtype(name: str):
-    return {"F16": np.float16, "BF16": jnp.bfloat16, "F32": np.float32, "F64": np.float64}.get(name, np.uint8)
-
-
-def _same_tensor(a: _Entry, an: str, b: _Entry, bn: str) -> bool:
-    if a.shape != b.shape:
+def _same_tensor(a: _Entry, b: _Entry) -> bool:
+    if a.shape != b.shape or a.dtype not in _NP_DTYPES or b.dtype not in _NP_DTYPES:
         return False
-    return all(np.array_equal(_read_rows(a, an, lo, hi), _read_rows(b, bn, lo, hi)) for lo, hi in _chunks(a))
+    ra, rb = _Reader(), _Reader()
+    with open(a.file, "rb") as fa, open(b.file, "rb") as fb:
+        return all(np.array_equal(ra.rows(fa, a, lo, hi), rb.rows(fb, b, lo, hi)) for lo, hi in _chunks(a))
 
 
 def _layer_ranges(layers) -> str:
@@ -302,7 +334,7 @@ def _fill(model: Decoder, root: str, tensors: dict[str, _Entry], strict: bool) -
     extra = set(tensors) - set(wanted)
     if cfg.tie_word_embeddings and "lm_head.weight" in extra:
         emb = "model.embed_tokens.weight"
-        if not _same_tensor(tensors["lm_head.weight"], "lm_head.weight", tensors[emb], emb):
+        if not _same_tensor(tensors["lm_head.weight"], tensors[emb]):
             raise ValueError(f"{root}: the model ties its head to the embeddings but the checkpoint's lm_head.weight "
                              f"differs from {emb}: build the model with tie_word_embeddings=False (load_model does)")
         extra.discard("lm_head.weight")
@@ -311,25 +343,29 @@ def _fill(model: Decoder, root: str, tensors: dict[str, _Entry], strict: bool) -
         raise ValueError(f"{root}: tensors {_some(extra)} have no place in a {cfg.model_type} decoder of this "
                          "config (strict=False skips them)")
     dtype = np.dtype(model.param_dtype)
+    reader = _Reader()
     for var, transpose, parts in plan:
-        var.set_value(jnp.asarray(_assemble(tuple(var.get_value().shape), transpose, parts, tensors, dtype)))
+        host = _assemble(tuple(var.get_value().shape), transpose, parts, tensors, dtype, reader)
+        var.set_value(jnp.asarray(host))
+        del host
     return model
 
 
-def _assemble(shape, transpose, parts, tensors, dtype) -> np.ndarray:
+def _assemble(shape, transpose, parts, tensors, dtype, reader: _Reader) -> np.ndarray:
     """One parameter in ``dtype``: its checkpoint tensors stacked along the output axis (a fused projection),
-    transposed to NNX ``[in, out]`` when ``transpose``; read a chunk of rows at a time into the buffer."""
-    out = np.empty(shape, dtype)
+    transposed to NNX ``[in, out]`` when ``transpose``; read a chunk of rows at a time and cast into the buffer."""
+    out = _host_array(shape, dtype)
     off = 0
     with np.errstate(over="ignore", invalid="ignore"):  # an inf/NaN or an f64 beyond the dtype's range stays so
         for name, want in parts:
             e = tensors[name]
-            for lo, hi in _chunks(e):
-                rows = _read_rows(e, name, lo, hi)
-                if transpose:
-                    out[:, off + lo:off + hi] = rows.T
-                else:
-                    out[off + lo:off + hi] = rows
+            with open(e.file, "rb") as f:
+                for lo, hi in _chunks(e):
+                    rows = reader.rows(f, e, lo, hi)
+                    if transpose:
+                        out[:, off + lo:off + hi] = rows.T
+                    else:
+                        out[off + lo:off + hi] = rows
             off += want[0]
     return out
 
@@ -376,7 +412,7 @@ def load_model(path: str, *, param_dtype=jnp.float32, kv_dtype=None, mtp: bool |
     _check_layers(root, cfg, tensors, mtp, strict)
     emb = "model.embed_tokens.weight"
     if cfg.tie_word_embeddings and "lm_head.weight" in tensors and emb in tensors and not _same_tensor(
-            tensors["lm_head.weight"], "lm_head.weight", tensors[emb], emb):
+            tensors["lm_head.weight"], tensors[emb]):
         warnings.warn(f"{path}: config.json has tie_word_embeddings: true but the checkpoint's lm_head.weight "
                       f"differs from {emb}: both are loaded, untied (as transformers does)", stacklevel=2)
         cfg = dataclasses.replace(cfg, tie_word_embeddings=False)
