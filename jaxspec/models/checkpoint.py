@@ -167,7 +167,8 @@ def _header(real: str, label: str, root: str) -> dict[str, tuple[str, tuple[int,
 
     try:
         with safe_open(real, framework="numpy") as f:
-            info = {k: (f.get_slice(k).get_dtype(), tuple(int(d) for d in f.get_slice(k).get_shape())) for k in f.keys()}
+            info = {k: (f.get_slice(k).get_dtype(), tuple(int(d) for d in f.get_slice(k).get_shape()))
+                    for k in f.keys()}
     except SafetensorError as e:
         raise ValueError(f"{root}: {label} is not a valid safetensors file ({e})") from None
     with open(real, "rb") as f:

@@ -51,7 +51,8 @@ class DecoderConfig:
                 raise ValueError(f"DecoderConfig.{name} must be a bool, got {getattr(self, name)!r}")
         if self.sliding_window is not None and (not isinstance(self.sliding_window, int)
                                                 or isinstance(self.sliding_window, bool) or self.sliding_window < 1):
-            raise ValueError(f"DecoderConfig.sliding_window must be None or a positive int, got {self.sliding_window!r}")
+            raise ValueError(f"DecoderConfig.sliding_window must be None or a positive int, "
+                             f"got {self.sliding_window!r}")
         if (not isinstance(self.num_nextn_predict_layers, int) or isinstance(self.num_nextn_predict_layers, bool)
                 or self.num_nextn_predict_layers < 0):
             raise ValueError("DecoderConfig.num_nextn_predict_layers must be an int >= 0, "
