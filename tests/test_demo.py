@@ -142,7 +142,8 @@ def test_decode_helpers_on_an_eagle3_pair(eagle3_pair):
         res = Engine.result(state)
         assert secs > 0 and sum(lens) == int(res.num_accepted[0]) and len(lens) == int(res.num_rounds[0])
         assert all(1 <= a <= (1 if name == "plain" else spec.num_steps + 1) for a in lens)
-        timed, secs = demo.decode_timed(eng, ids, 12)
+        timed, secs, prefill_secs = demo.decode_timed(eng, ids, 12)
+        assert 0 < prefill_secs < secs
         np.testing.assert_array_equal(Engine.result(timed).tokens[0], res.tokens[0])
         out[name] = res.tokens[0]
     np.testing.assert_array_equal(out["chain"], out["plain"])
