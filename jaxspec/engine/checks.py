@@ -2,12 +2,15 @@
 checked here, before anything is allocated or traced, and a bad value raises ``ValueError`` naming the
 argument (and the request index for per-request values) and what was expected."""
 
+import typing
+
 import jax
 import numpy as np
 
 from jaxspec.config import SpecConfig
 from jaxspec.engine.policy import AdaptivePolicy
 from jaxspec.engine.simulate import SimulatedAccept
+from jaxspec.kernels import Implementation
 from jaxspec.protocols import Drafter, check_implements
 
 
@@ -27,7 +30,7 @@ def check_int(name: str, v, *, lo: int | None = None, hi: int | None = None, wha
     return int(v)
 
 
-IMPLEMENTATIONS = ("auto", "pallas", "mosaic", "triton", "reference")
+IMPLEMENTATIONS = typing.get_args(Implementation)  # what the kernels take
 
 
 def check_engine_args(*, vocab_size: int, max_context, page_size, max_batch, num_pages, eos_id, implementation,
