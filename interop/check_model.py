@@ -29,11 +29,12 @@ are fetched once into the user cache by ``jaxspec.data.mtbench``, hash-checked).
     to bf16, so a jaxspec error well above transformers' is a systematic difference (a missing f32 upcast, a
     wrong accumulation dtype), not rounding;
   - per prompt, the first generated position where the tokens differ and, there (both sides saw the same
-    tokens so far), each side's top-2 logit gap (``top1 - top2``), whether each side's runner-up is the other's
-    choice, and the f32 reference's margin between the two tokens at the same position. A divergence is a
-    near-tie when the two tokens swapped places (each is the other side's runner-up) and both gaps are at
-    most ``--tie-tol`` logits (default: the larger of the two sides' measured max |bf16 - f32| prompt-logit
-    error, i.e. no larger than bf16 rounding demonstrably moves a logit in this very run).
+    tokens so far), each side's top-2 logit gap (its token's logit minus the best other token's: 0 when
+    transformers' bf16 logits tie exactly and the lower index wins), each side's margin of its own choice
+    over the other side's choice (on its own logits), and the f32 reference's margin between the two tokens at
+    the same position. A divergence is a near-tie when both margins are at most ``--tie-tol`` logits (default:
+    the larger of the two sides' measured max |bf16 - f32| prompt-logit error, i.e. no larger than bf16 rounding
+    demonstrably moves a logit in this very run); a token outside the other side's top 8 is never one.
 
   It passes when every divergence is a near-tie and the error ratio holds. The logits-within-rtol line is
   reported too (``--rtol``); bf16 against bf16 is not expected to meet the f32 ``rtol``.
@@ -55,6 +56,7 @@ import numpy as np
 
 _DTYPES = {"float32": "float32", "f32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16"}
 EXIT_OK, EXIT_DIFFERS, EXIT_REFUSED, EXIT_CANNOT_COMPARE = 0, 1, 2, 3
+TOP_K = 8  # candidates kept per generated position on each side (the other side's choice is looked up among them)
 
 
 class CannotCompare(RuntimeError):
@@ -64,8 +66,11 @@ class CannotCompare(RuntimeError):
 @dataclasses.dataclass(frozen=True)
 class PromptReport:
     """One prompt's greedy comparison: ``first_diff`` is the first generated position where the tokens differ
-    (``None``: identical); there, each side's token, top-2 logit gap and runner-up token, and (bf16) the f32
-    reference's logit of jaxspec's token minus that of transformers' token (``ref_margin``)."""
+    (``None``: identical). There (both sides saw the same tokens so far): each side's token, its top-2 gap (its
+    token's logit minus the best other token's; 0 for an exact tie broken by index) and that runner-up; each
+    side's margin of its own token over the other side's (``margin_jax = jax logit(jax's) - jax logit(hf's)``;
+    ``None`` when the other's token is not in this side's top ``TOP_K``); and (bf16) the f32 reference's logit of
+    jaxspec's token minus that of transformers' token (``ref_margin``)."""
 
     index: int
     prompt_len: int
@@ -76,6 +81,8 @@ class PromptReport:
     gap_hf: float | None = None
     runner_up_jax: int | None = None
     runner_up_hf: int | None = None
+    margin_jax: float | None = None
+    margin_hf: float | None = None
     ref_margin: float | None = None
 
     @property
@@ -85,7 +92,9 @@ class PromptReport:
                 and self.runner_up_hf == self.jax_token)
 
     def near_tie(self, tie_tol: float) -> bool:
-        return self.first_diff is None or (self.crossed and max(self.gap_jax, self.gap_hf) <= tie_tol)
+        """Each side's choice beats the other side's by at most ``tie_tol`` logits, on that side's own logits."""
+        return self.first_diff is None or (self.margin_jax is not None and self.margin_hf is not None
+                                           and max(self.margin_jax, self.margin_hf) <= tie_tol)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -199,7 +208,8 @@ def hf_prompt_logits(model, prompts) -> list[np.ndarray]:
 
 def hf_greedy(model, prompts, new_tokens: int):
     """transformers, one prompt at a time with its KV cache: ``(prompt logits [f32[P_b, V]] per prompt, greedy
-    tokens int[B, new_tokens], top-2 logits f32[B, new_tokens, 2], top-2 ids int[B, new_tokens, 2])``."""
+    tokens int[B, new_tokens], top-K logits f32[B, new_tokens, K], their ids int[B, new_tokens, K])``, K =
+    ``TOP_K``."""
     import torch
 
     # transformers >= 5.2x names the KV cache argument and output ``cache`` (``past_key_values`` before).
@@ -213,7 +223,7 @@ def hf_greedy(model, prompts, new_tokens: int):
             past = getattr(out, name)
             for i in range(new_tokens):
                 last = out.logits[0, -1].float()
-                top = torch.topk(last, 2)
+                top = torch.topk(last, TOP_K)
                 nxt = int(last.argmax())
                 row_t.append(nxt)
                 row_v.append(top.values.numpy())
@@ -269,9 +279,9 @@ def jax_greedy(model, prompts, new_tokens: int, *, page_size: int = 4, seed: int
             prefix_lens=pos, page_table=table,
             write_locs=jnp.take_along_axis(cache.req_to_token, positions, axis=1), page_size=page_size)
 
-    def pick(last):  # f32[B, V] -> token, top-2 values and ids
+    def pick(last):  # f32[B, V] -> token, top-K values and ids
         last = last.astype(jnp.float32)
-        v, i = jax.lax.top_k(last, 2)
+        v, i = jax.lax.top_k(last, TOP_K)
         return jnp.argmax(last, -1).astype(jnp.int32), v, i
 
     lens_j = jnp.asarray(lens)
@@ -343,6 +353,15 @@ def mtbench_prompts(tokenizer_path: str, n: int, questions=None) -> list[list[in
 
 # ---------------------------------------------------------------------------------------------------------- check
 
+def _side(vals, ids, own: int, other: int) -> tuple[float, int, float | None]:
+    """One side at a divergence, from its top-K (``vals``, ``ids``; its own token among them): the top-2 gap, the
+    runner-up, and its margin over ``other`` (``None`` when ``other`` is not among the top K)."""
+    top = float(vals[ids == own][0])
+    j = int(np.flatnonzero(ids != own)[0])
+    margin = float(top - vals[ids == other][0]) if (ids == other).any() else None
+    return top - float(vals[j]), int(ids[j]), margin
+
+
 def _reports(lens, toks_j, toks_h, vals_j, ids_j, vals_h, ids_h) -> list:
     out = []
     for k in range(toks_j.shape[0]):
@@ -351,10 +370,12 @@ def _reports(lens, toks_j, toks_h, vals_j, ids_j, vals_h, ids_h) -> list:
             out.append(PromptReport(index=k, prompt_len=int(lens[k]), first_diff=None))
             continue
         i = int(diff[0])
-        out.append(PromptReport(
-            index=k, prompt_len=int(lens[k]), first_diff=i, jax_token=int(toks_j[k, i]), hf_token=int(toks_h[k, i]),
-            gap_jax=float(vals_j[k, i, 0] - vals_j[k, i, 1]), gap_hf=float(vals_h[k, i, 0] - vals_h[k, i, 1]),
-            runner_up_jax=int(ids_j[k, i, 1]), runner_up_hf=int(ids_h[k, i, 1])))
+        tj, th = int(toks_j[k, i]), int(toks_h[k, i])
+        gj, rj, mj = _side(vals_j[k, i], ids_j[k, i], tj, th)
+        gh, rh, mh = _side(vals_h[k, i], ids_h[k, i], th, tj)
+        out.append(PromptReport(index=k, prompt_len=int(lens[k]), first_diff=i, jax_token=tj, hf_token=th,
+                                gap_jax=gj, gap_hf=gh, runner_up_jax=rj, runner_up_hf=rh, margin_jax=mj,
+                                margin_hf=mh))
     return out
 
 
@@ -442,9 +463,12 @@ def format_report(res: ModelCheck) -> str:
         ref = "" if p.ref_margin is None else f"; f32 reference: logit(jax's) - logit(hf's) = {p.ref_margin:.3g}"
         verdict = "" if res.tie_tol is None else (
             f": {'near-tie' if p.near_tie(res.tie_tol) else 'NOT a near-tie'} (tie-tol {res.tie_tol:.3g})")
+        def over(m):
+            return f"over the other's by {m:.3g}" if m is not None else f"the other's not in its top {TOP_K}"
+
         lines.append(head + f"first difference at token {p.first_diff}: jax {p.jax_token} (top-2 gap "
-                     f"{p.gap_jax:.3g}, runner-up {p.runner_up_jax}), hf {p.hf_token} (top-2 gap {p.gap_hf:.3g}, "
-                     f"runner-up {p.runner_up_hf}){ref}{verdict}")
+                     f"{p.gap_jax:.3g}, runner-up {p.runner_up_jax}, {over(p.margin_jax)}), hf {p.hf_token} "
+                     f"(top-2 gap {p.gap_hf:.3g}, runner-up {p.runner_up_hf}, {over(p.margin_hf)}){ref}{verdict}")
     lines.append("match" if res.ok else "MISMATCH")
     return "\n".join(lines)
 
