@@ -1,0 +1,358 @@
+"""Continuous batching over an ``Engine``: requests join a running batch, decode, and leave, nothing recompiled.
+
+``ServingEngine`` holds a fixed number of batch slots (``B`` = the engine's ``max_batch`` rounded up to a power
+of two), one ``DecodeState`` of that shape over the engine's KV pool (target and drafter), and a host
+``Scheduler``. One ``step()``:
+
+1. **retire / admit** (host): the scheduler admits waiting requests first come, first served into free slots
+   while the page budget allows (below);
+2. **pages** (one jitted call, ``pages.refresh_tables``): every admitted request gets the pages its prompt and
+   the step's rounds can reach (``prompt + R * N`` tokens, ``N`` the verify width), every running request the
+   pages its next ``R`` rounds can reach (``seq_len + R * N``), written into the page table with TokenSpeed's
+   ``update_req_to_page`` and turned into the token table with ``compute_out_cache_loc_uniform``;
+3. **prefill** of each admitted request into its slot (``insert``: the engine's ``prefill`` on a one-row view
+   of the state, written back into the slot; JetStream's ``prefill`` + ``insert``), the other slots untouched;
+4. **decode**: ``R`` rounds (``rounds_per_step``) of the engine's own compiled decode loop
+   (``Engine.run_decode(max_rounds=R)``: ``plain_step`` or ``spec_step`` over all slots; empty and finished
+   slots are done rows, frozen, their table rows on the dummy page as the engine's padding rows);
+5. **one host read** (``jax.device_get`` of ``done``, ``num_generated``, ``seq_lens`` and ``out_tokens``): the
+   step's new tokens of every request, and those that finished (EOS / ``max_new_tokens``) are retired: slot
+   and pages freed at once (their table row goes back to the dummy page in the next refresh).
+
+That read is the only host sync of a step (with ``JAXSPEC_CHECKS`` on, the check flags are read as well);
+``abort`` dispatches one table refresh and syncs nothing.
+
+Shapes are fixed at construction (``B`` slots, ``W = max_context`` per slot, the pool, an output buffer of
+``next_pow2(W)`` tokens), so requests joining and leaving never recompile: the decode loop and the table
+refresh are one executable each, the prefill one per prompt bucket (powers of two, as ``Engine``'s).
+
+Page policy (SGLang's scheduler without retraction): pages are assigned as sequences grow, but a request is
+admitted only when the pages not yet handed out, less those promised to running requests, cover its worst
+case (``ceil(min(W, prompt + max_new_tokens + R * N) / G)`` pages); otherwise it WAITS at the head of the
+queue (FCFS: later requests do not overtake it). So a running request never runs out of pages and nothing is
+preempted. A request whose worst case exceeds the whole pool is refused by ``add_request`` (``ValueError``).
+
+Greedy decoding, plain or speculative with one draft shape (chain or tree, any ``Drafter``); adaptive
+engines, sampling and simulated acceptance are refused at construction.
+"""
+
+import collections
+import dataclasses
+import functools
+import math
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jaxspec._validate import checks_enabled
+from jaxspec.engine import Engine
+from jaxspec.engine.checks import check_prompts, check_sampling
+from jaxspec.engine.compiled import _checked
+from jaxspec.engine.memory import allocate_state, prompt_bucket
+from jaxspec.engine.state import DecodeState, EngineOptions
+from jaxspec.engine.step import prefill
+from jaxspec.kernels._dispatch import next_pow2
+from jaxspec.protocols import PagedKVCache
+from jaxspec.serving.pages import PagePool, pack_rows, refresh_tables
+
+
+@dataclasses.dataclass
+class Request:
+    """One request: its prompt, limit, and what it has generated so far (host side).
+
+    status: ``"waiting"`` (queued), ``"running"`` (in slot ``slot``), ``"finished"``. finish_reason (when
+    finished): ``"stop"`` (EOS, kept as the last token), ``"length"`` (``max_new_tokens``) or ``"abort"``.
+    pages: the KV pages it holds (empty unless running)."""
+
+    request_id: str
+    prompt: np.ndarray
+    max_new_tokens: int
+    output: list = dataclasses.field(default_factory=list)
+    status: str = "waiting"
+    finish_reason: str | None = None
+    slot: int | None = None
+    pages: list = dataclasses.field(default_factory=list)
+    worst_pages: int = 0  # pages its whole life can reach (the admission budget)
+
+
+class RequestOutput(NamedTuple):
+    """What a ``step`` produced for one request: the tokens new since the last step, and whether it ended."""
+
+    request_id: str
+    new_token_ids: list
+    finished: bool
+    finish_reason: str | None
+
+
+class Scheduler:
+    """FCFS admission under a page budget (host only; no device state).
+
+    ``can_admit(req)``: a slot is free and ``pool.num_free - promised >= req.worst_pages``, with ``promised``
+    the pages running requests may still ask for (their worst case less what they hold)."""
+
+    def __init__(self, num_slots: int, pool: PagePool):
+        self.waiting: collections.deque[Request] = collections.deque()
+        self.free_slots = list(range(num_slots - 1, -1, -1))
+        self.running: dict[int, Request] = {}  # slot -> request
+        self.pool = pool
+
+    def promised(self) -> int:
+        return sum(r.worst_pages - len(r.pages) for r in self.running.values())
+
+    def can_admit(self, req: Request) -> bool:
+        return bool(self.free_slots) and self.pool.num_free - self.promised() >= req.worst_pages
+
+    def admit(self) -> list[Request]:
+        """Pop waiting requests in order while the head fits; each gets a slot (pages: by the caller)."""
+        out = []
+        while self.waiting and self.can_admit(self.waiting[0]):
+            req = self.waiting.popleft()
+            req.slot, req.status = self.free_slots.pop(), "running"
+            self.running[req.slot] = req
+            out.append(req)
+        return out
+
+    def release(self, req: Request) -> None:
+        """Give ``req``'s slot and pages back at once."""
+        self.pool.free(req.pages)
+        req.pages = []
+        del self.running[req.slot]
+        self.free_slots.append(req.slot)
+
+
+def _rows_view(state: DecodeState, slot):
+    """A one-row view of ``state`` (row ``slot`` of every per-row leaf and of each cache's table; the KV pools
+    whole)."""
+    row = lambda x: jax.lax.dynamic_slice_in_dim(x, slot, 1, 0)  # noqa: E731
+
+    def one(x):
+        if isinstance(x, PagedKVCache):
+            return PagedKVCache(x.k, x.v, row(x.req_to_token))
+        return row(x) if x.ndim else x
+
+    return jax.tree.map(one, state, is_leaf=lambda x: isinstance(x, PagedKVCache))
+
+
+def _write_row(state: DecodeState, sub: DecodeState, slot):
+    """``state`` with row ``slot`` taken from the one-row ``sub`` and the KV pools from ``sub``."""
+
+    def one(x, y):
+        if isinstance(x, PagedKVCache):
+            return PagedKVCache(y.k, y.v, x.req_to_token)
+        return jax.lax.dynamic_update_slice_in_dim(x, y, slot, 0) if x.ndim else x
+
+    return jax.tree.map(one, state, sub, is_leaf=lambda x: isinstance(x, PagedKVCache))
+
+
+@functools.lru_cache(maxsize=64)
+def _insert_fn(graphdef, treedef, opts: EngineOptions, checks: bool):
+    """Jitted ``insert(params, state, prompt (1, P), length (1,), slot, max_new)``: the engine's ``prefill`` of
+    one request into batch slot ``slot`` (state donated); shared by every serving core with equal keys."""
+
+    def insert(params, state, prompt, length, slot, max_new):
+        target, drafter = nnx.merge(graphdef, jax.tree.unflatten(treedef, params))
+        sub = _rows_view(state, slot)
+        zero = jnp.zeros((1,), jnp.int32)
+        sub = dataclasses.replace(
+            sub, seq_lens=zero, num_generated=zero, done=jnp.zeros((1,), bool), max_new_tokens=max_new[None],
+            num_rounds=zero, num_accepted=zero, out_tokens=jnp.zeros_like(sub.out_tokens))
+        return _write_row(state, prefill(target, drafter, opts, sub, prompt, length), slot)
+
+    return jax.jit(_checked(insert, checks), donate_argnums=(1,))
+
+
+class ServingEngine:
+    """Continuous batching over ``engine`` (module docstring: the step, the page policy, the one host read).
+
+    Args:
+      engine: an ``Engine`` (greedy; plain, or speculative with one draft shape). Its ``max_batch`` (rounded up
+        to a power of two) is the number of slots, its ``max_context`` the tokens per slot, its ``num_pages`` /
+        ``page_size`` the pool; its compiled decode loop is the one this core runs.
+      rounds_per_step: ``R``, decode rounds per ``step`` (a value of the decode loop: any ``R`` shares one
+        executable); the loop leaves early when every slot is done.
+
+    ``add_request(prompt, max_new_tokens)`` queues a request (returns its id); ``step()`` runs one iteration and
+    returns a ``RequestOutput`` per request that produced tokens or ended; ``abort(request_id)`` ends a request
+    at once (queued or running: its slot and pages are free when it returns); ``has_unfinished()``;
+    ``requests[request_id]`` holds each request (``output`` grows as it decodes).
+    """
+
+    def __init__(self, engine: Engine, *, rounds_per_step: int = 1):
+        if not isinstance(engine, Engine):
+            raise ValueError(f"engine: expected a jaxspec.engine.Engine, got {type(engine).__name__}")
+        if engine.opts.adaptive is not None or engine.simulate_accept is not None:
+            raise ValueError("engine: adaptive speculation and simulated acceptance are not served (use a fixed spec)")
+        if len(engine.opts.specs) > 1:
+            raise ValueError(f"engine: one draft shape expected, got {len(engine.opts.specs)}")
+        if not isinstance(rounds_per_step, int) or isinstance(rounds_per_step, bool) or rounds_per_step < 1:
+            raise ValueError(f"rounds_per_step: expected an int >= 1, got {rounds_per_step!r}")
+        self.engine = engine
+        self.rounds_per_step = rounds_per_step
+        self.num_slots = b = next_pow2(engine.max_batch)
+        self.max_context = w = engine.max_context
+        self.page_size = g = engine.page_size
+        self.max_pages = math.ceil(w / g)
+        self.verify_width = engine.opts.verify_width
+        self.pool = PagePool(engine.num_pages)
+        self.scheduler = Scheduler(b, self.pool)
+        self.requests: dict[str, Request] = {}
+        self._next_id = 0
+        self._dirty: dict[int, tuple[int, list[int]]] = {}  # slot -> (first column, pages): the next refresh
+        self._state, self._r2p = self._fresh_state()
+        self._seq_lens = np.zeros((self.num_slots,), np.int32)  # the last read of the committed lengths
+
+    # ---------------------------------------------------------------- device state
+    def _fresh_state(self):
+        eng, b, w = self.engine, self.num_slots, self.max_context
+        r2t = np.zeros((b, w), np.int32)  # every slot on the dummy page
+        num_slots = eng.num_pages * self.page_size
+        tcache = eng.target.make_cache(r2t, num_slots)
+        draft = tuple(eng.drafter.init_state(spec, r2t, num_slots) for spec in eng.opts.specs)
+        sampling = check_sampling(b, eng.vocab_size, 0.0, None, 1.0, 0)
+        state = allocate_state(tcache, draft, num_requests=b, max_new_tokens=np.full((b,), next_pow2(w), np.int32),
+                               eos_id=eng.eos_id, sampling=sampling, vocab_size=eng.vocab_size, policy=None,
+                               simulate=None)
+        state = dataclasses.replace(state, done=jnp.ones((b,), bool), max_new_tokens=jnp.zeros((b,), jnp.int32))
+        for path, leaf in jax.tree_util.tree_flatten_with_path(
+                state, is_leaf=lambda x: isinstance(x, PagedKVCache))[0]:
+            if not isinstance(leaf, PagedKVCache) and leaf.ndim and leaf.shape[0] != b:
+                raise ValueError(f"engine: the decode state's leaf {jax.tree_util.keystr(path)} has shape "
+                                 f"{leaf.shape}; a slot-indexed leaf (leading dimension {b}) was expected")
+        return state, jnp.zeros((b, self.max_pages), jnp.int32)
+
+    def _call(self, fn, *args):
+        if not checks_enabled():
+            return fn(*args)
+        err, out = fn(*args)
+        msg = err.get()
+        if msg is not None:
+            raise ValueError(f"JAXSPEC_CHECKS: a check failed in ServingEngine: {msg}")
+        return out
+
+    def _refresh(self, stop: np.ndarray | None = None) -> None:
+        """One jitted table refresh of every pending row change (and ``stop`` rows marked done)."""
+        packed = pack_rows(self._dirty, num_slots=self.num_slots, max_pages=self.max_pages)
+        self._dirty = {}
+        if packed is None and stop is None:
+            return
+        if packed is None:  # nothing to write: one padding entry (0 pages)
+            packed = tuple(np.zeros((n,), np.int32) for n in (self.num_slots, self.num_slots * self.max_pages,
+                                                              self.num_slots, self.num_slots))
+        stop = np.zeros((self.num_slots,), bool) if stop is None else stop
+        eng = self.engine
+        self._state, self._r2p = refresh_tables(
+            self._state, self._r2p, *(jax.device_put(x) for x in packed), jax.device_put(stop),
+            page_size=self.page_size, max_context=self.max_context, implementation=eng.opts.implementation,
+            interpret=eng.opts.interpret)
+
+    def _grow(self, req: Request, tokens: int) -> None:
+        """Assign ``req`` the pages covering its first ``tokens`` positions (capped at ``W``)."""
+        need = math.ceil(min(self.max_context, tokens) / self.page_size)
+        new = need - len(req.pages)
+        if new <= 0:
+            return
+        if need > req.worst_pages:
+            raise RuntimeError(f"request {req.request_id}: {need} pages exceed its budget of {req.worst_pages}")
+        pages = self.pool.allocate(new)
+        start, old = self._dirty.get(req.slot, (len(req.pages), []))
+        self._dirty[req.slot] = (start, old + pages)
+        req.pages = req.pages + pages
+
+    # ---------------------------------------------------------------- API
+    def add_request(self, prompt, max_new_tokens: int, *, request_id: str | None = None) -> str:
+        """Queue a greedy request; returns its id. ``ValueError`` for a bad prompt, a request that overflows
+        ``max_context`` or that could never fit the page pool, or a duplicate ``request_id``."""
+        eng = self.engine
+        arrs, mnt = check_prompts([prompt], [max_new_tokens], max_batch=1, vocab_size=eng.vocab_size,
+                                  max_context=self.max_context, verify_width=self.verify_width)
+        if request_id is None:
+            request_id = f"req-{self._next_id}"
+            self._next_id += 1
+        if not isinstance(request_id, str) or request_id in self.requests:
+            raise ValueError(f"request_id: expected a new str, got {request_id!r}")
+        prompt, mnt = arrs[0], int(mnt[0])
+        worst = math.ceil(min(self.max_context, prompt.size + mnt + self.rounds_per_step * self.verify_width)
+                          / self.page_size)
+        if worst > self.pool.capacity:
+            raise ValueError(f"prompt: the request may need {worst} KV pages of {self.page_size} tokens, the pool "
+                             f"holds {self.pool.capacity} (num_pages={self.pool.num_pages}, page 0 reserved)")
+        req = Request(request_id, prompt, mnt, worst_pages=worst)
+        self.requests[request_id] = req
+        self.scheduler.waiting.append(req)
+        return request_id
+
+    def abort(self, request_id: str) -> None:
+        """End a queued or running request now: its slot and pages are free when this returns (the row is
+        marked done and its table row moved to the dummy page before any later round runs)."""
+        req = self.requests.get(request_id)
+        if req is None:
+            raise ValueError(f"request_id: no request {request_id!r}")
+        if req.status == "finished":
+            return
+        if req.status == "waiting":
+            self.scheduler.waiting.remove(req)
+        else:
+            slot = req.slot
+            self._finish(req, "abort")
+            stop = np.zeros((self.num_slots,), bool)
+            stop[slot] = True
+            self._refresh(stop)
+            return
+        req.status, req.finish_reason = "finished", "abort"
+
+    def _finish(self, req: Request, reason: str) -> None:
+        self.scheduler.release(req)
+        self._dirty[req.slot] = (0, [0] * self.max_pages)  # the whole row back to the dummy page
+        req.status, req.finish_reason, req.slot = "finished", reason, None
+
+    def has_unfinished(self) -> bool:
+        return bool(self.scheduler.waiting or self.scheduler.running)
+
+    def step(self) -> list[RequestOutput]:
+        """One iteration (module docstring): admit, assign pages, prefill the admitted, run ``R`` rounds, read
+        back once, retire. Returns the outputs of the requests that produced tokens or ended."""
+        r, n = self.rounds_per_step, self.verify_width
+        admitted = self.scheduler.admit()
+        for req in admitted:
+            self._dirty.pop(req.slot, None)  # a retired row's reset is superseded by the new row
+            self._grow(req, req.prompt.size + r * n)
+            self._dirty[req.slot] = (0, req.pages + [0] * (self.max_pages - len(req.pages)))
+        for req in self.scheduler.running.values():
+            if req not in admitted:
+                self._grow(req, self._seq_lens[req.slot] + r * n)
+        self._refresh()
+        entry = _insert_fn(self.engine.graphdef, self.engine._treedef, self.engine.opts, checks_enabled())
+        for req in admitted:
+            p = prompt_bucket(req.prompt.size, self.max_context)
+            prompt = np.zeros((1, p), np.int32)
+            prompt[0, : req.prompt.size] = req.prompt
+            args = (jax.device_put(prompt), jax.device_put(np.array([req.prompt.size], np.int32)),
+                    jax.device_put(np.int32(req.slot)), jax.device_put(np.int32(req.max_new_tokens)))
+            self._state = self._call(entry, self.engine.params, self._state, *args)
+        if self.scheduler.running:
+            self._state = self.engine.run_decode(self._state, max_rounds=r)
+        done, num, seq, out = jax.device_get((self._state.done, self._state.num_generated, self._state.seq_lens,
+                                              self._state.out_tokens))
+        self._seq_lens = seq
+        outputs = []
+        for slot, req in list(self.scheduler.running.items()):
+            new = out[slot, len(req.output): num[slot]].tolist()
+            req.output.extend(new)
+            finished = bool(done[slot])
+            if finished:
+                eos = self.engine.eos_id
+                self._finish(req, "stop" if eos >= 0 and req.output and req.output[-1] == eos else "length")
+            if new or finished:
+                outputs.append(RequestOutput(req.request_id, new, finished, req.finish_reason))
+        return outputs
+
+    def run_until_done(self, max_steps: int = 1_000_000) -> None:
+        """``step`` until no request is waiting or running."""
+        for _ in range(max_steps):
+            if not self.has_unfinished():
+                return
+            self.step()
+        raise RuntimeError(f"max_steps={max_steps} steps did not finish every request")

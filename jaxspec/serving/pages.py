@@ -1,0 +1,116 @@
+"""KV pages of the serving core: a host free list, and the jitted refresh of the device page tables.
+
+The pool is the engine's (``Engine.num_pages`` pages of ``page_size`` slots; page 0 is the dummy page and is
+never handed out). The serving core keeps one pool-indexed page table ``req_to_page i32[B, M]`` on the device
+(``M = ceil(W / G)``, one row per batch slot, page 0 where nothing is assigned) and derives from it the
+token table ``req_to_token i32[B, W]`` that every ``PagedKVCache`` of the decode state (target and drafter)
+reads. Both steps run TokenSpeed's ported kernels:
+
+* ``refresh_tables`` writes newly assigned pages into ``req_to_page`` with ``update_req_to_page`` (TokenSpeed
+  ``update_block_table`` / ``update_req_to_page``; the packing is ``kernels.block_table.pack_block_table_update``
+  without its power-of-two buckets, padded here to one fixed shape so the refresh compiles once), then maps
+  every position ``0..W-1`` of every row to its slot with ``compute_out_cache_loc_uniform`` (TokenSpeed
+  ``compute_out_cache_loc`` for a uniform length ``W`` from position 0): unassigned pages give slots on the
+  dummy page.
+"""
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxspec.kernels.block_table import pack_block_table_update
+from jaxspec.kernels.paged_cache_locs import compute_out_cache_loc_uniform, update_req_to_page
+from jaxspec.protocols import PagedKVCache
+
+
+class PagePool:
+    """Host free list of the KV pool's pages ``1 .. num_pages - 1`` (page 0 is the dummy page).
+
+    ``allocate(n)`` hands out ``n`` pages (the most recently freed first, so retired requests' pages are
+    reused at once) and raises ``RuntimeError`` when fewer are free: the scheduler budgets pages before it
+    asks, so running out here is a bookkeeping bug, never a normal condition. ``free(pages)`` returns them and
+    refuses a page that is not out (double free, the dummy page, out of range)."""
+
+    def __init__(self, num_pages: int):
+        if num_pages < 2:
+            raise ValueError(f"num_pages: expected >= 2 (the dummy page 0 and at least one page), got {num_pages}")
+        self.num_pages = int(num_pages)
+        self._free = list(range(self.num_pages - 1, 0, -1))
+        self._out: set[int] = set()
+
+    @property
+    def capacity(self) -> int:
+        """Pages a request can ever be given (all but the dummy page)."""
+        return self.num_pages - 1
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free)
+
+    def free_pages(self) -> list[int]:
+        """The free list (a copy)."""
+        return list(self._free)
+
+    def allocate(self, n: int) -> list[int]:
+        if n > len(self._free):
+            raise RuntimeError(f"page pool: {n} pages asked for, {len(self._free)} free")
+        out = [self._free.pop() for _ in range(n)]
+        self._out.update(out)
+        return out
+
+    def free(self, pages) -> None:
+        for p in pages:
+            if p not in self._out:
+                raise RuntimeError(f"page pool: page {p} freed but not allocated")
+            self._out.remove(p)
+            self._free.append(p)
+
+
+def pack_rows(rows: dict[int, tuple[int, list[int]]], *, num_slots: int, max_pages: int):
+    """Host packing of one table refresh: ``rows[slot] = (first column, page ids)`` (a whole-row reset writes
+    ``max_pages`` ids from column 0, zeros past the row's pages). Returns the four ``update_req_to_page``
+    operands padded to the fixed shapes ``(num_slots,)`` and ``(num_slots * max_pages,)`` (padding entries
+    write nothing), or ``None`` when nothing changes."""
+    slots = sorted(rows)
+    packed = pack_block_table_update(
+        max_pages, sizes=[len(rows[s][1]) for s in slots], begins=[rows[s][0] for s in slots],
+        new_occupied_pages=[rows[s][1] for s in slots], request_pool_indices=slots, bucket=False,
+        num_rows=num_slots)
+    if packed is None:
+        return None
+
+    def pad(x, n):
+        out = np.zeros((n,), np.int32)
+        out[: x.size] = x[:n]
+        return out
+
+    total = num_slots * max_pages
+    return (pad(packed.req_pool_indices, num_slots), pad(packed.new_occupied_pages[: packed.num_pages], total),
+            pad(packed.new_occupied_pages_num, num_slots), pad(packed.pages_copy_starts, num_slots))
+
+
+def _set_tables(tree, req_to_token):
+    """``tree`` with every ``PagedKVCache``'s ``req_to_token`` replaced (target and drafter caches)."""
+    return jax.tree.map(
+        lambda x: PagedKVCache(x.k, x.v, req_to_token) if isinstance(x, PagedKVCache) else x, tree,
+        is_leaf=lambda x: isinstance(x, PagedKVCache))
+
+
+@functools.partial(jax.jit, static_argnames=("page_size", "max_context", "implementation", "interpret"),
+                   donate_argnums=(0, 1))
+def refresh_tables(state, req_to_page, rpi, pages, num, starts, stop, *, page_size: int, max_context: int,
+                   implementation: str, interpret: bool):
+    """Apply a packed refresh (``pack_rows``) to ``req_to_page`` (``update_req_to_page``), rebuild the token
+    table of every cache in ``state`` from it (``compute_out_cache_loc_uniform`` over positions ``0..W-1``), and
+    mark the rows of ``stop bool[B]`` done (aborted requests). ``state`` and ``req_to_page`` are donated.
+    Returns ``(state, req_to_page)``."""
+    kw = dict(implementation=implementation, interpret=interpret)
+    r2p = update_req_to_page(req_to_page, rpi, pages, num, starts, **kw)
+    b = r2p.shape[0]
+    r2t = compute_out_cache_loc_uniform(jnp.zeros((b,), jnp.int32), jnp.arange(b, dtype=jnp.int32), r2p,
+                                        page_size=page_size, uniform_input_length=max_context, **kw)
+    state = _set_tables(state, r2t.reshape(b, max_context))
+    return dataclasses.replace(state, done=state.done | stop), r2p
