@@ -1,4 +1,4 @@
-"""Supply chain of the original kernels (issue 12, S1-S4): pinned wheels, pinned files, safe extraction.
+"""Supply chain of the original kernels: pinned wheels, pinned files, safe extraction.
 
 Nothing is downloaded: fake wheels are built in tmp_path. No torch/triton needed.
 """
@@ -56,7 +56,7 @@ def test_pip_requirement_line_carries_every_pinned_hash():
     assert line.count("--hash=sha256:") == len(pins.WHEELS[pins.SGLANG])
 
 
-# ---------------------------------------------------------------------------------------------------- S1
+# ----------------------------------------------------------------------------------------------------- tampered wheels
 
 
 def test_tampered_wheel_is_refused_before_extraction(tmp_path, monkeypatch):
@@ -85,7 +85,7 @@ def test_wheel_with_pinned_hash_but_modified_entry_is_refused(tmp_path, monkeypa
     assert not (tmp_path / "dest" / "-".join(TS) / TS_FILE).exists()
 
 
-# ---------------------------------------------------------------------------------------------------- S2
+# ---------------------------------------------------------------------------------------------- unsafe archive entries
 
 
 @pytest.mark.parametrize("entry", ["../../../X.h", "/tmp/X.h", "a/../../X.h", "a/./b.h", "C:/X.h", "a\\..\\X.h", ""])
@@ -118,7 +118,7 @@ def test_symlinked_subdirectory_cannot_redirect_extraction(tmp_path):
         fetch.safe_target(root, "pkg/X.h")
 
 
-# ---------------------------------------------------------------------------------------------------- S3
+# -------------------------------------------------------------------------------------------------- modified originals
 
 
 @pytest.fixture

@@ -99,12 +99,12 @@ def test_symlink_escaping_the_directory_is_refused(tmp_path, saved):
     with pytest.raises(ValueError, match=r"model-2\.safetensors' resolves to .*outside"):
         load_model(str(d))
     # a symlinked config.json leading out is refused too
-    d2 = _write(tmp_path / "d2", tensors)
-    os.remove(d2 / "config.json")
+    linked = _write(tmp_path / "linked", tensors)
+    os.remove(linked / "config.json")
     (tmp_path / "cfg.json").write_text(json.dumps(CFG.to_hf()))
-    os.symlink(tmp_path / "cfg.json", d2 / "config.json")
+    os.symlink(tmp_path / "cfg.json", linked / "config.json")
     with pytest.raises(ValueError, match=r"config\.json' resolves to .*outside"):
-        load_model(str(d2))
+        load_model(str(linked))
 
 
 def test_symlinks_inside_the_directory_and_the_hub_cache_layout_load(tmp_path, saved):

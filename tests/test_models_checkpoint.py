@@ -158,7 +158,7 @@ def _rewrite(path, fn):
 
 
 def test_wrong_shape_refused(tmp_path):
-    """D12: a wrong-shaped weight is refused, naming the tensor and both shapes."""
+    """A wrong-shaped weight is refused, naming the tensor and both shapes."""
     save_model(Decoder(CFG, rngs=nnx.Rngs(0)), str(tmp_path))
     _rewrite(tmp_path, lambda t: t.__setitem__("model.embed_tokens.weight", np.zeros((128, 1), np.float32)))
     with pytest.raises(ValueError, match=r"model\.embed_tokens\.weight: expected shape \(128, 64\), found \(128, 1\)"):
