@@ -1,0 +1,272 @@
+"""The continuous-batching core (``jaxspec.serving``) on the shipped tiny pair, on CPU.
+
+Lossless under interleaving: requests arriving at random steps (random prompt lengths and limits, some
+aborted mid-generation, more requests than slots and a pool too small for all of them at once) each get
+exactly their solo plain greedy output (``Engine.generate`` on that prompt alone; an aborted request a prefix
+of it), plain and speculative, page sizes 1 and 16. No page leak: after every schedule the free list holds
+every page; an abort frees the request's pages before it returns. Nothing recompiles as requests join and
+leave. Compiles are shared: one ServingEngine per (spec, page size), reused by every example.
+"""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from jaxspec.config import SpecConfig
+from jaxspec.engine import Engine
+from jaxspec.models import DEFAULT_WEIGHTS, MTPDrafter, load_pair
+from jaxspec.protocols import PagedKVCache
+from jaxspec.serving import PagePool, ServingEngine
+from jaxspec.serving.core import _insert_fn
+
+W = 64
+SLOTS = 4
+CHAIN = SpecConfig(num_steps=3, topk=1, num_draft_tokens=4)
+TREE = SpecConfig(num_steps=3, topk=2, num_draft_tokens=6)
+# Pools smaller than SLOTS full requests (worst case prompt 20 + 16 new + verify width): requests wait.
+NUM_PAGES = {1: 100, 16: 7}
+SPECS = {"plain": None, "chain": CHAIN, "tree": TREE}
+
+
+class _Compiles:
+    """Counts XLA backend compiles while active (jax's compile-duration event)."""
+
+    def __init__(self):
+        self.count = 0
+        jax.monitoring.register_event_duration_secs_listener(self._on_event)
+
+    def _on_event(self, event, duration, **_):
+        if event == "/jax/core/compile/backend_compile_duration":
+            self.count += 1
+
+
+COMPILES = _Compiles()
+_CACHE: dict = {}
+
+
+def _model():
+    if "model" not in _CACHE:
+        _CACHE["model"] = load_pair(DEFAULT_WEIGHTS)
+    return _CACHE["model"]
+
+
+def _serving(spec: str, page_size: int) -> ServingEngine:
+    key = (spec, page_size)
+    if key not in _CACHE:
+        m, s = _model(), SPECS[spec]
+        eng = Engine(m, None if s is None else MTPDrafter(m), spec=s, max_context=W, page_size=page_size,
+                     max_batch=SLOTS, num_pages=NUM_PAGES[page_size])
+        _CACHE[key] = ServingEngine(eng)
+    return _CACHE[key]
+
+
+def _solo(prompt: tuple, max_new: int) -> list:
+    """The request's own plain greedy output, alone in a batch (cached)."""
+    if "solo" not in _CACHE:
+        _CACHE["solo"] = Engine(_model(), None, max_context=W, max_batch=1)
+    key = ("ref", prompt, max_new)
+    if key not in _CACHE:
+        _CACHE[key] = _CACHE["solo"].generate([np.array(prompt, np.int32)], max_new).tokens[0].tolist()
+    return _CACHE[key]
+
+
+def _check_pages(se: ServingEngine) -> None:
+    """Every page is either free or held by exactly one running request, within its budget."""
+    held = [p for r in se.scheduler.running.values() for p in r.pages]
+    assert len(held) == len(set(held))
+    for r in se.scheduler.running.values():
+        assert len(r.pages) <= r.worst_pages
+    assert sorted(held + se.pool.free_pages()) == list(range(1, se.pool.num_pages))
+
+
+def _run(se: ServingEngine, schedule, aborts=()):
+    """Drive ``se``: request ``i`` = ``(arrival step, prompt, max_new)`` is added at its step; ``aborts`` =
+    ``(request index, step)``. Returns the request ids and what each step streamed per id."""
+    ids = [None] * len(schedule)
+    streamed: dict = {}
+    last = max([a for a, _, _ in schedule] + [s for _, s in aborts])
+    step = 0
+    while step <= last or se.has_unfinished():
+        for i, (arrive, prompt, max_new) in enumerate(schedule):
+            if arrive == step:
+                ids[i] = se.add_request(np.array(prompt, np.int32), max_new)
+        for i, at in aborts:
+            if at == step and ids[i] is not None:
+                req = se.requests[ids[i]]
+                held, free = len(req.pages), se.pool.num_free
+                se.abort(ids[i])
+                assert req.status == "finished" and req.pages == []
+                assert se.pool.num_free == free + held  # freed at once
+        for out in se.step():
+            streamed.setdefault(out.request_id, []).extend(out.new_token_ids)
+        _check_pages(se)
+        step += 1
+        assert step < 500
+    assert se.pool.num_free == se.pool.capacity and not se.scheduler.running  # no leak
+    return ids, streamed
+
+
+def _check_outputs(se, schedule, ids, streamed, aborts=()):
+    aborted = {i for i, _ in aborts}
+    for i, (_, prompt, max_new) in enumerate(schedule):
+        req = se.requests[ids[i]]
+        want = _solo(tuple(prompt), max_new)
+        assert streamed.get(ids[i], []) == req.output
+        if req.finish_reason == "abort":
+            assert i in aborted and req.output == want[: len(req.output)], (i, req.output, want)
+        else:
+            assert req.output == want, (i, req.finish_reason, req.output, want)
+            assert req.finish_reason == "length"
+
+
+def _prompt(seed: int, n: int) -> tuple:
+    return tuple(int(x) for x in np.random.default_rng(seed).integers(0, 64, n))
+
+
+REQUEST = st.tuples(st.integers(0, 6), st.integers(0, 2**16), st.integers(1, 20), st.integers(1, 16))
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize("spec", ["plain", "chain"])
+@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(reqs=st.lists(REQUEST, min_size=1, max_size=7), abort=st.one_of(st.none(), st.tuples(st.integers(0, 6),
+                                                                                             st.integers(0, 8))))
+def test_interleaved_equals_solo(spec, page_size, reqs, abort):
+    """Random arrivals (more requests than slots, a pool too small for all at once), one optional abort:
+    every request's output equals its solo plain greedy output (an aborted one: a prefix of it), what was
+    streamed equals the output, and every page is back on the free list afterwards."""
+    se = _serving(spec, page_size)
+    schedule = [(a, _prompt(seed, n), m) for a, seed, n, m in reqs]
+    aborts = () if abort is None or abort[0] >= len(schedule) else (abort,)
+    ids, streamed = _run(se, schedule, aborts)
+    _check_outputs(se, schedule, ids, streamed, aborts)
+
+
+def test_tree_interleaved_equals_solo():
+    """Tree speculation (S3 K2 N6), page size 16: a fixed interleaving, solo outputs, no leak."""
+    se = _serving("tree", 16)
+    schedule = [(0, _prompt(1, 5), 12), (0, _prompt(2, 17), 9), (1, _prompt(3, 3), 16), (2, _prompt(4, 11), 1),
+                (4, _prompt(5, 20), 14), (5, _prompt(6, 8), 6)]
+    ids, streamed = _run(se, schedule)
+    _check_outputs(se, schedule, ids, streamed)
+
+
+def _poison(se: ServingEngine, seed: int) -> None:
+    """Fill every KV pool (target and drafter, the dummy page included) with large finite noise."""
+    key = [jax.random.key(seed)]
+
+    def noise(x):
+        key[0], k = jax.random.split(key[0])
+        return (30.0 * jax.random.normal(k, x.shape, jnp.float32)).astype(x.dtype)
+
+    se._state = jax.tree.map(
+        lambda c: PagedKVCache(noise(c.k), noise(c.v), c.req_to_token) if isinstance(c, PagedKVCache) else c,
+        se._state, is_leaf=lambda c: isinstance(c, PagedKVCache))
+
+
+@pytest.mark.parametrize("spec", ["plain", "chain"])
+def test_poisoned_pool(spec):
+    """With every KV slot of the pool filled with noise first, and many admissions and retirements through a
+    pool too small for all requests at once, outputs still equal the solo ones: no request reads a slot it did
+    not write itself (nor writes into another request's pages)."""
+    se = _serving(spec, 16)
+    _poison(se, 0)
+    rng = np.random.default_rng(7)
+    schedule = [(int(rng.integers(0, 10)), _prompt(100 + i, int(rng.integers(1, 21))), int(rng.integers(1, 17)))
+                for i in range(10)]
+    ids, streamed = _run(se, schedule)
+    _check_outputs(se, schedule, ids, streamed)
+
+
+def test_abort_frees_pages_at_once():
+    """An abort mid-generation returns the request's pages before it returns; the other request is unaffected
+    and a request queued behind the page budget is admitted into the freed pages."""
+    se = _serving("chain", 16)
+    a = se.add_request(np.array(_prompt(11, 20), np.int32), 16)
+    b = se.add_request(np.array(_prompt(12, 9), np.int32), 16)
+    c = se.add_request(np.array(_prompt(13, 20), np.int32), 16)  # 3 pages worst case each: c waits
+    se.step()
+    se.step()
+    assert se.requests[c].status == "waiting"
+    held = len(se.requests[a].pages)
+    assert held > 0 and se.requests[a].output
+    free = se.pool.num_free
+    se.abort(a)
+    assert se.pool.num_free == free + held and se.requests[a].finish_reason == "abort"
+    se.step()
+    assert se.requests[c].status == "running"
+    se.run_until_done()
+    assert se.pool.num_free == se.pool.capacity
+    assert se.requests[b].output == _solo(_prompt(12, 9), 16)
+    assert se.requests[c].output == _solo(_prompt(13, 20), 16)
+    se.abort(a)  # already finished: nothing happens
+    with pytest.raises(ValueError, match="request_id"):
+        se.abort("nope")
+
+
+def test_no_recompile_as_requests_join_and_leave():
+    """After one schedule touching every prompt bucket, another schedule of joins, aborts and retirements
+    compiles nothing: one decode loop, one table refresh, one prefill per prompt bucket."""
+    se = _serving("chain", 1)
+    warm = [(0, _prompt(20, 3), 4), (0, _prompt(21, 12), 3), (1, _prompt(22, 20), 2)]
+    _run(se, warm)
+    before = COMPILES.count
+    schedule = [(s, _prompt(30 + s, 1 + (5 * s) % 20), 1 + (3 * s) % 16) for s in range(8)]
+    ids, streamed = _run(se, schedule, aborts=((2, 3),))
+    assert COMPILES.count == before, COMPILES.count - before
+    eng = se.engine
+    assert eng._entry_points(False).decode._cache_size() == 1
+    assert _insert_fn(eng.graphdef, eng._treedef, eng.opts, False)._cache_size() == 3  # buckets 8, 16, 32
+    _check_outputs(se, schedule, ids, streamed, aborts=((2, 3),))
+
+
+def test_refusals():
+    """A request that overflows the context, or whose worst case exceeds the whole pool, is refused at
+    add_request; bad engine arguments are refused at construction."""
+    m = _model()
+    se = ServingEngine(Engine(m, None, max_context=W, page_size=16, max_batch=2, num_pages=3))
+    with pytest.raises(ValueError, match="context overflow"):
+        se.add_request(np.arange(60) % 64, 8)
+    with pytest.raises(ValueError, match="KV pages"):
+        se.add_request(np.arange(30) % 64, 8)  # 3 pages of 16 needed, the pool has 2
+    rid = se.add_request(np.arange(10) % 64, 8)
+    with pytest.raises(ValueError, match="request_id"):
+        se.add_request(np.arange(10) % 64, 8, request_id=rid)
+    with pytest.raises(ValueError, match="rounds_per_step"):
+        ServingEngine(se.engine, rounds_per_step=0)
+    with pytest.raises(ValueError, match="engine"):
+        ServingEngine(object())
+
+
+def test_eos_finishes_with_stop():
+    """A request whose solo output reaches EOS stops there (reason "stop"), its EOS kept, slot reused."""
+    prompt = _prompt(40, 7)
+    ref = _solo(prompt, 16)
+    eos = ref[3]
+    want = ref[: ref.index(eos) + 1]
+    m = _model()
+    se = ServingEngine(Engine(m, MTPDrafter(m), spec=CHAIN, max_context=W, page_size=16, max_batch=SLOTS,
+                              num_pages=NUM_PAGES[16], eos_id=eos))
+    rid = se.add_request(np.array(prompt, np.int32), 16)
+    se.run_until_done()
+    assert se.requests[rid].output == want and se.requests[rid].finish_reason == "stop"
+    assert se.pool.num_free == se.pool.capacity
+
+
+def test_page_pool():
+    """The free list hands out pages 1.. (never the dummy page), refuses over-allocation and double frees."""
+    pool = PagePool(5)
+    got = pool.allocate(4)
+    assert sorted(got) == [1, 2, 3, 4] and pool.num_free == 0
+    with pytest.raises(RuntimeError, match="asked for"):
+        pool.allocate(1)
+    pool.free(got[:2])
+    with pytest.raises(RuntimeError, match="not allocated"):
+        pool.free(got[:1])
+    with pytest.raises(ValueError, match="num_pages"):
+        PagePool(1)
