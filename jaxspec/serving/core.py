@@ -332,8 +332,9 @@ class ServingEngine:
             args = (jax.device_put(prompt), jax.device_put(np.array([req.prompt.size], np.int32)),
                     jax.device_put(np.int32(req.slot)), jax.device_put(np.int32(req.max_new_tokens)))
             self._state = self._call(entry, self.engine.params, self._state, *args)
-        if self.scheduler.running:
-            self._state = self.engine.run_decode(self._state, max_rounds=r)
+        if not self.scheduler.running:
+            return []
+        self._state = self.engine.run_decode(self._state, max_rounds=r)
         done, num, seq, out = jax.device_get((self._state.done, self._state.num_generated, self._state.seq_lens,
                                               self._state.out_tokens))
         self._seq_lens = seq
