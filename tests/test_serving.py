@@ -309,3 +309,35 @@ def test_one_host_read_per_step(monkeypatch):
                 se.abort(a)
                 assert len(calls) == n
     assert len(calls) == steps
+
+
+def test_sampled_requests_draw_what_they_draw_alone():
+    """A sampling core (chain speculation, page size 16): requests with their own temperature / top-k / top-p /
+    seed, interleaved, each produce exactly the tokens the same engine configuration draws for them alone
+    (``Engine.generate`` of that one prompt with those parameters); a temperature-0 request stays greedy."""
+    m = _model()
+
+    def engine(batch, pages):
+        return Engine(m, MTPDrafter(m), spec=CHAIN, max_context=W, page_size=16, max_batch=batch, num_pages=pages)
+
+    se = ServingEngine(engine(SLOTS, NUM_PAGES[16]), sampling=True)
+    solo = engine(1, 5)
+    params = [dict(temperature=1.0, seed=3), dict(temperature=0.7, top_k=8, seed=5), dict(temperature=0.0),
+              dict(temperature=1.3, top_p=0.9, seed=7), dict(temperature=1.0, seed=3)]
+    schedule = [(i // 2, _prompt(70 + i, 3 + 4 * i), 12 + i) for i in range(len(params))]
+    ids = [None] * len(schedule)
+    step = 0
+    while step < 3 or se.has_unfinished():
+        for i, (arrive, prompt, max_new) in enumerate(schedule):
+            if arrive == step:
+                ids[i] = se.add_request(np.array(prompt, np.int32), max_new, **params[i])
+        se.step()
+        _check_pages(se)
+        step += 1
+    assert se.pool.num_free == se.pool.capacity
+    for i, (_, prompt, max_new) in enumerate(schedule):
+        want = solo.generate([np.array(prompt, np.int32)], max_new, **params[i]).tokens[0].tolist()
+        assert se.requests[ids[i]].output == want, (i, params[i])
+    assert se.requests[ids[2]].output == _solo(schedule[2][1], schedule[2][2])
+    with pytest.raises(ValueError, match="greedy"):
+        _serving("chain", 16).add_request(np.arange(5), 4, temperature=1.0)

@@ -32,8 +32,11 @@ case (``ceil(min(W, prompt + max_new_tokens + R * N) / G)`` pages); otherwise it
 queue (FCFS: later requests do not overtake it). So a running request never runs out of pages and nothing is
 preempted. A request whose worst case exceeds the whole pool is refused by ``add_request`` (``ValueError``).
 
-Greedy decoding, plain or speculative with one draft shape (chain or tree, any ``Drafter``); adaptive
-engines, sampling and simulated acceptance are refused at construction.
+Plain or speculative decoding with one draft shape (chain or tree, any ``Drafter``), greedy by default;
+``sampling=True`` runs the engine's sampling executable, every request with its own temperature / top-k /
+top-p / seed (its coins depend on its seed and its own round counter only, so it draws what it would draw
+alone; temperature-0 requests stay greedy). Adaptive engines and simulated acceptance are refused at
+construction.
 """
 
 import collections
@@ -52,7 +55,7 @@ from jaxspec.engine import Engine
 from jaxspec.engine.checks import check_prompts, check_sampling
 from jaxspec.engine.compiled import _checked
 from jaxspec.engine.memory import allocate_state, prompt_bucket
-from jaxspec.engine.state import DecodeState, EngineOptions
+from jaxspec.engine.state import DecodeState, EngineOptions, SamplingParams
 from jaxspec.engine.step import prefill
 from jaxspec.kernels._dispatch import next_pow2
 from jaxspec.protocols import PagedKVCache
@@ -76,6 +79,7 @@ class Request:
     slot: int | None = None
     pages: list = dataclasses.field(default_factory=list)
     worst_pages: int = 0  # pages its whole life can reach (the admission budget)
+    sampling: tuple = ()  # (temperature f32[1], top_k i32[1], top_p f32[1], seed i32[1]) of check_sampling
 
 
 class RequestOutput(NamedTuple):
@@ -149,16 +153,18 @@ def _write_row(state: DecodeState, sub: DecodeState, slot):
 
 @functools.lru_cache(maxsize=64)
 def _insert_fn(graphdef, treedef, opts: EngineOptions, checks: bool):
-    """Jitted ``insert(params, state, prompt (1, P), length (1,), slot, max_new)``: the engine's ``prefill`` of
-    one request into batch slot ``slot`` (state donated); shared by every serving core with equal keys."""
+    """Jitted ``insert(params, state, prompt (1, P), length (1,), slot, max_new, sampling)``: the engine's
+    ``prefill`` of one request (sampling parameters ``(temperature, top_k, top_p, seed)``, each of shape ``(1,)``)
+    into batch slot ``slot`` (state donated); shared by every serving core with equal keys."""
 
-    def insert(params, state, prompt, length, slot, max_new):
+    def insert(params, state, prompt, length, slot, max_new, sampling):
         target, drafter = nnx.merge(graphdef, jax.tree.unflatten(treedef, params))
         sub = _rows_view(state, slot)
         zero = jnp.zeros((1,), jnp.int32)
         sub = dataclasses.replace(
             sub, seq_lens=zero, num_generated=zero, done=jnp.zeros((1,), bool), max_new_tokens=max_new[None],
-            num_rounds=zero, num_accepted=zero, out_tokens=jnp.zeros_like(sub.out_tokens))
+            num_rounds=zero, num_accepted=zero, out_tokens=jnp.zeros_like(sub.out_tokens),
+            sampling=SamplingParams(*sampling))
         return _write_row(state, prefill(target, drafter, opts, sub, prompt, length), slot)
 
     return jax.jit(_checked(insert, checks), donate_argnums=(1,))
@@ -173,6 +179,8 @@ class ServingEngine:
         ``page_size`` the pool; its compiled decode loop is the one this core runs.
       rounds_per_step: ``R``, decode rounds per ``step`` (a value of the decode loop: any ``R`` shares one
         executable); the loop leaves early when every slot is done.
+      sampling: ``False`` (default): greedy requests only, the greedy executables. ``True``: the sampling
+        executables; each request brings its own sampling parameters (``add_request``).
 
     ``add_request(prompt, max_new_tokens)`` queues a request (returns its id); ``step()`` runs one iteration and
     returns a ``RequestOutput`` per request that produced tokens or ended; ``abort(request_id)`` ends a request
@@ -180,7 +188,7 @@ class ServingEngine:
     ``requests[request_id]`` holds each request (``output`` grows as it decodes).
     """
 
-    def __init__(self, engine: Engine, *, rounds_per_step: int = 1):
+    def __init__(self, engine: Engine, *, rounds_per_step: int = 1, sampling: bool = False):
         if not isinstance(engine, Engine):
             raise ValueError(f"engine: expected a jaxspec.engine.Engine, got {type(engine).__name__}")
         if engine.opts.adaptive is not None or engine.simulate_accept is not None:
@@ -189,6 +197,9 @@ class ServingEngine:
             raise ValueError(f"engine: one draft shape expected, got {len(engine.opts.specs)}")
         if not isinstance(rounds_per_step, int) or isinstance(rounds_per_step, bool) or rounds_per_step < 1:
             raise ValueError(f"rounds_per_step: expected an int >= 1, got {rounds_per_step!r}")
+        if not isinstance(sampling, bool):
+            raise ValueError(f"sampling: expected a bool, got {sampling!r}")
+        self.sampling = sampling
         self.engine = engine
         self.rounds_per_step = rounds_per_step
         self.num_slots = b = next_pow2(engine.max_batch)
@@ -215,7 +226,8 @@ class ServingEngine:
         state = allocate_state(tcache, draft, num_requests=b, max_new_tokens=np.full((b,), next_pow2(w), np.int32),
                                eos_id=eng.eos_id, sampling=sampling, vocab_size=eng.vocab_size, policy=None,
                                simulate=None)
-        state = dataclasses.replace(state, done=jnp.ones((b,), bool), max_new_tokens=jnp.zeros((b,), jnp.int32))
+        state = dataclasses.replace(state, done=jnp.ones((b,), bool), max_new_tokens=jnp.zeros((b,), jnp.int32),
+                                    all_greedy=not self.sampling)
         for path, leaf in jax.tree_util.tree_flatten_with_path(
                 state, is_leaf=lambda x: isinstance(x, PagedKVCache))[0]:
             if not isinstance(leaf, PagedKVCache) and leaf.ndim and leaf.shape[0] != b:
@@ -262,12 +274,17 @@ class ServingEngine:
         req.pages = req.pages + pages
 
     # ---------------------------------------------------------------- API
-    def add_request(self, prompt, max_new_tokens: int, *, request_id: str | None = None) -> str:
-        """Queue a greedy request; returns its id. ``ValueError`` for a bad prompt, a request that overflows
-        ``max_context`` or that could never fit the page pool, or a duplicate ``request_id``."""
+    def add_request(self, prompt, max_new_tokens: int, *, request_id: str | None = None, temperature=0.0,
+                    top_k=None, top_p=1.0, seed=0) -> str:
+        """Queue a request; returns its id. Sampling parameters as in ``Engine.prepare`` (one request), other
+        than greedy only in a ``sampling=True`` core. ``ValueError`` for a bad prompt or parameter, a request
+        that overflows ``max_context`` or that could never fit the page pool, or a duplicate ``request_id``."""
         eng = self.engine
         arrs, mnt = check_prompts([prompt], [max_new_tokens], max_batch=1, vocab_size=eng.vocab_size,
                                   max_context=self.max_context, verify_width=self.verify_width)
+        sampling = check_sampling(1, eng.vocab_size, temperature, top_k, top_p, seed)
+        if not self.sampling and (sampling[0][0] != 0 or sampling[1][0] != eng.vocab_size or sampling[2][0] != 1):
+            raise ValueError("temperature / top_k / top_p: this ServingEngine is greedy (build it with sampling=True)")
         if request_id is None:
             request_id = f"req-{self._next_id}"
             self._next_id += 1
@@ -279,7 +296,7 @@ class ServingEngine:
         if worst > self.pool.capacity:
             raise ValueError(f"prompt: the request may need {worst} KV pages of {self.page_size} tokens, the pool "
                              f"holds {self.pool.capacity} (num_pages={self.pool.num_pages}, page 0 reserved)")
-        req = Request(request_id, prompt, mnt, worst_pages=worst)
+        req = Request(request_id, prompt, mnt, worst_pages=worst, sampling=sampling)
         self.requests[request_id] = req
         self.scheduler.waiting.append(req)
         return request_id
@@ -330,7 +347,8 @@ class ServingEngine:
             prompt = np.zeros((1, p), np.int32)
             prompt[0, : req.prompt.size] = req.prompt
             args = (jax.device_put(prompt), jax.device_put(np.array([req.prompt.size], np.int32)),
-                    jax.device_put(np.int32(req.slot)), jax.device_put(np.int32(req.max_new_tokens)))
+                    jax.device_put(np.int32(req.slot)), jax.device_put(np.int32(req.max_new_tokens)),
+                    tuple(jax.device_put(x) for x in req.sampling))
             self._state = self._call(entry, self.engine.params, self._state, *args)
         if not self.scheduler.running:
             return []
