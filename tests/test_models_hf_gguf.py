@@ -224,3 +224,28 @@ def test_divergence_margins_from_each_sides_top_k():
     assert a.margin_jax == pytest.approx(0.05, abs=1e-6) and a.margin_hf == 0.0 and not a.crossed
     assert a.near_tie(0.1) and not a.near_tie(0.01)
     assert b.margin_jax is None and b.margin_hf == pytest.approx(1.0) and not b.near_tie(100.0)
+
+
+@pytest.mark.slow
+def test_smollm2_converted_directory_carries_the_tokenizer(tmp_path):
+    """convert writes the GGUF's own tokenizer and chat template: jaxspec and transformers read the directory's
+    tokenizer back to the GGUF's encodings and chat prompt, and its stop token."""
+    import transformers
+
+    from jaxspec.models.convert import convert_gguf
+    from jaxspec.models.fetch import fetch_model
+    from jaxspec.text import Tokenizer
+
+    path = str(fetch_model(SMOLLM2, quiet=True))
+    d = convert_gguf(path, tmp_path / "hf", dtype="bfloat16")
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json"):
+        assert (tmp_path / "hf" / name).is_file(), name
+    src, back = Tokenizer.from_gguf(path), Tokenizer.from_dir(d)
+    hf = transformers.AutoTokenizer.from_pretrained(d)
+    msgs = [{"role": "user", "content": "Write a haiku about 12 apples:\n  - in 3 lines, café ☕"}]
+    assert back.encode_chat(msgs) == src.encode_chat(msgs)
+    assert hf.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False) == src.apply_chat_template(msgs)
+    text = "def f(x):\n    return x ** 2  # 1234567 ünïcödé  \t\n\n"
+    assert back.encode(text) == src.encode(text) == hf(text)["input_ids"]
+    assert back.chat_stop_token_ids == src.chat_stop_token_ids
+    assert json.loads((tmp_path / "hf" / "generation_config.json").read_text())["eos_token_id"] == 2

@@ -5,8 +5,11 @@ first). For tools that want a directory.
 Writes, with jaxspec's own writer (``save_model``): ``config.json`` (``DecoderConfig.to_hf()`` plus the GGUF's
 ``max_position_embeddings`` and special token ids) and ``model.safetensors`` (the dequantized weights in
 ``--dtype``; the q/k rows in Hugging Face's layout, as ``load_model`` reads them); and
-``generation_config.json`` (the GGUF's bos / eos / pad token ids). ``load_model(OUTDIR)`` then gives the same
-``Decoder`` as ``load_model(GGUF)`` (bit for bit at the dtype written).
+``generation_config.json`` (the GGUF's bos / eos / pad token ids); and the GGUF's own tokenizer
+(``jaxspec.text.Tokenizer.from_gguf(...).save``: ``tokenizer.json``, ``tokenizer_config.json`` with the chat
+template, ``chat_template.jinja``, ``special_tokens_map.json``; the stop tokens join ``generation_config.json``).
+``load_model(OUTDIR)`` then gives the same ``Decoder`` as ``load_model(GGUF)`` (bit for bit at the dtype
+written), and ``Tokenizer.from_dir(OUTDIR)`` (or transformers' ``AutoTokenizer``) the same tokenizer.
 """
 
 import argparse
@@ -47,7 +50,24 @@ def convert_gguf(path, outdir, *, dtype="float32") -> str:
         json.dump(cfg, f, indent=2, sort_keys=True)
     with open(os.path.join(outdir, "generation_config.json"), "w") as f:
         json.dump(tokens, f, indent=2, sort_keys=True)
+    _write_tokenizer(path, outdir)
     return outdir
+
+
+def _write_tokenizer(path, outdir) -> None:
+    """The GGUF's own tokenizer into ``outdir`` when the file has one; a vocabulary jaxspec.text cannot read is
+    reported on stderr (the weights are written either way)."""
+    from jaxspec.text._gguf_meta import read_gguf_metadata  # noqa: PLC0415 (the text layer sits beside the models)
+    from jaxspec.text.tokenizer import Tokenizer  # noqa: PLC0415
+
+    if "tokenizer.ggml.model" not in read_gguf_metadata(path, ("tokenizer.ggml.model",)):
+        return
+    try:
+        tok = Tokenizer.from_gguf(path)
+    except ValueError as e:
+        print(f"convert: tokenizer not written: {e}", file=sys.stderr)
+        return
+    tok.save(outdir)
 
 
 def main(argv=None) -> int:
