@@ -341,3 +341,16 @@ def test_sampled_requests_draw_what_they_draw_alone():
     assert se.requests[ids[2]].output == _solo(schedule[2][1], schedule[2][2])
     with pytest.raises(ValueError, match="greedy"):
         _serving("chain", 16).add_request(np.arange(5), 4, temperature=1.0)
+
+
+def test_generate_a_list_longer_than_the_slots():
+    """``generate``: ten prompts through four slots (and a pool for two or three at once) each give their solo
+    greedy output, in order."""
+    se = _serving("chain", 16)
+    prompts = [np.array(_prompt(80 + i, 2 + 2 * i), np.int32) for i in range(10)]
+    limits = [1 + (7 * i) % 16 for i in range(10)]
+    got = se.generate(prompts, limits)
+    assert got == [_solo(tuple(p.tolist()), m) for p, m in zip(prompts, limits)]
+    assert se.pool.num_free == se.pool.capacity
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        se.generate(prompts, [4])

@@ -62,7 +62,7 @@ from jaxspec.protocols import PagedKVCache
 from jaxspec.serving.pages import PagePool, pack_rows, refresh_tables
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(eq=False)  # identity: a request is itself, whatever its fields
 class Request:
     """One request: its prompt, limit, and what it has generated so far (host side).
 
@@ -184,7 +184,8 @@ class ServingEngine:
 
     ``add_request(prompt, max_new_tokens)`` queues a request (returns its id); ``step()`` runs one iteration and
     returns a ``RequestOutput`` per request that produced tokens or ended; ``abort(request_id)`` ends a request
-    at once (queued or running: its slot and pages are free when it returns); ``has_unfinished()``;
+    at once (queued or running: its slot and pages are free when it returns); ``generate(prompts,
+    max_new_tokens)`` is the blocking form for a list; ``has_unfinished()``;
     ``requests[request_id]`` holds each request (``output`` grows as it decodes).
     """
 
@@ -367,6 +368,16 @@ class ServingEngine:
             if new or finished:
                 outputs.append(RequestOutput(req.request_id, new, finished, req.finish_reason))
         return outputs
+
+    def generate(self, prompts, max_new_tokens) -> list[list[int]]:
+        """Blocking: queue every prompt (``max_new_tokens`` an int or one per prompt, any number of prompts:
+        they wait for slots and pages), step until all are done, return each one's tokens in order."""
+        limits = [max_new_tokens] * len(prompts) if np.ndim(max_new_tokens) == 0 else list(max_new_tokens)
+        if len(limits) != len(prompts):
+            raise ValueError(f"max_new_tokens: expected an int or one per prompt ({len(prompts)}), got {len(limits)}")
+        ids = [self.add_request(p, m) for p, m in zip(prompts, limits)]
+        self.run_until_done()
+        return [self.requests[i].output for i in ids]
 
     def run_until_done(self, max_steps: int = 1_000_000) -> None:
         """``step`` until no request is waiting or running."""
