@@ -187,9 +187,10 @@ def _dense_meta(b: int, t: int):
                              page_table=jnp.zeros((b, 0), jnp.int32))
 
 
-def eagle3_losses(draft, target, tokens, mask, ttt_length: int):
-    """Per-step ``(losses f32[K], accept f32[K])`` of SpecForge's training-time test (module docstring).
-    ``tokens i32[B, T]``, ``mask bool[B, T]`` (response tokens)."""
+def eagle3_step_logits(draft, target, tokens, ttt_length: int):
+    """The training-time test's forward: ``(target_logits f32[B, T, V], [draft logits f32[B, T, Vd]] * K)`` over
+    ``tokens i32[B, T]`` (the target's dense forward, then ``ttt_forward``). Step ``k``'s row ``t`` is fed token
+    ``t + 1 + k`` and predicts token ``t + 2 + k``; column ``j`` of the draft logits is ``draft.token_ids[j]``."""
     import jax
     import jax.numpy as jnp
 
@@ -197,18 +198,27 @@ def eagle3_losses(draft, target, tokens, mask, ttt_length: int):
     meta = _dense_meta(b, t)
     logits, aux, _ = target.forward(tokens, meta, None)
     logits, aux = jax.lax.stop_gradient(logits), jax.lax.stop_gradient(aux)
-    ids = draft.token_ids[...]
-    in_draft = draft.t2d[...][jnp.argmax(logits, -1)]
-    target_p = jax.nn.softmax(logits[..., ids], axis=-1)
     emb = target.embed_tokens[...]
     embs = [jax.lax.stop_gradient(emb[_shift(tokens, 1 + k)].astype(jnp.float32)) for k in range(ttt_length)]
     outs = draft.ttt_forward(embs, draft.project(aux), meta.positions)
+    return logits, [draft.logits(out) for out in outs]
+
+
+def eagle3_losses(draft, target, tokens, mask, ttt_length: int):
+    """Per-step ``(losses f32[K], accept f32[K])`` of SpecForge's training-time test (module docstring).
+    ``tokens i32[B, T]``, ``mask bool[B, T]`` (response tokens)."""
+    import jax
+    import jax.numpy as jnp
+
+    logits, step_logits = eagle3_step_logits(draft, target, tokens, ttt_length)
+    ids = draft.token_ids[...]
+    in_draft = draft.t2d[...][jnp.argmax(logits, -1)]
+    target_p = jax.nn.softmax(logits[..., ids], axis=-1)
     losses, accs = [], []
-    for k, out in enumerate(outs):
+    for k, lg in enumerate(step_logits):
         lm = _shift(mask, 2 + k)  # row t predicts token t + 2 + k
         pm = lm & _shift(in_draft, 1 + k)
         p = _shift(target_p, 1 + k)
-        lg = draft.logits(out)
         logp = jax.nn.log_softmax(lg, axis=-1)
         n = jnp.maximum(jnp.sum(lm.astype(jnp.float32)), 1.0)
         losses.append(-jnp.sum(jnp.where(pm, jnp.sum(p * logp, -1), 0.0)) / n)
