@@ -7,8 +7,6 @@ from jaxspec.models.checkpoint import load_model as load_model
 from jaxspec.models.checkpoint import save_model as save_model
 from jaxspec.models.config import DecoderConfig as DecoderConfig
 from jaxspec.models.decoder import Decoder as Decoder
-from jaxspec.models.fetch import MODELS as MODELS
-from jaxspec.models.fetch import fetch_model as fetch_model
 from jaxspec.models.gguf import read_gguf_config as read_gguf_config
 from jaxspec.models.gguf import read_gguf_info as read_gguf_info
 from jaxspec.models.io import DEFAULT_WEIGHTS as DEFAULT_WEIGHTS
@@ -33,3 +31,13 @@ from jaxspec.models.vocab import MockVocab as MockVocab
 from jaxspec.protocols import PagedKVCache as PagedKVCache
 from jaxspec.protocols import make_req_to_token as make_req_to_token
 from jaxspec.protocols import num_pages_needed as num_pages_needed
+
+
+def __getattr__(name):
+    # ``MODELS`` and ``fetch_model`` are imported on first use, so ``python -m jaxspec.models.fetch`` runs a module that
+    # importing the package has not loaded already (runpy warns about that)
+    if name in ("MODELS", "fetch_model"):
+        from jaxspec.models import fetch  # noqa: PLC0415
+
+        return getattr(fetch, name)
+    raise AttributeError(f"module 'jaxspec.models' has no attribute {name!r}")
