@@ -59,6 +59,8 @@ def _parse(argv):
     ap.add_argument("--temperatures", default="0,0.7", help="spec part: acceptance temperatures")
     ap.add_argument("--accept-configs", default="eagle3-chain3,mtp-chain3",
                     help="configs whose acceptance is also measured at the non-zero temperatures")
+    ap.add_argument("--accept-batch", type=int, default=None,
+                    help="spec part: acceptance over all prompts in batches of this many (default: one batch)")
     ap.add_argument("--repeats", type=int, default=3, help="timed calls per row (median)")
     ap.add_argument("--hf", default="eager,compile,pld", help="hf part: comma list of eager, compile, pld")
     ap.add_argument("--hf-prompts-b1", type=int, default=2, help="hf part: prompts timed one by one at batch 1")
@@ -114,6 +116,21 @@ def _timed(fn, repeats):
     return first, first_s, statistics.median(times)
 
 
+class _All:
+    """The results of ``generate`` over all prompts in chunks of ``chunk`` requests, as one ``GenerateResult``."""
+
+    def __init__(self, eng, prompts, new_tokens, chunk, **kw):
+        import numpy as np
+
+        parts = [eng.generate(prompts[i:i + chunk], new_tokens, **kw) for i in range(0, len(prompts), chunk)]
+        self.tokens = [t for r in parts for t in r.tokens]
+        self.num_rounds = np.concatenate([r.num_rounds for r in parts])
+        self.num_accepted = np.concatenate([r.num_accepted for r in parts])
+        modes = [r.mode_rounds for r in parts if r.mode_rounds is not None]
+        self.mode_rounds = np.sum(modes, axis=0) if modes else None
+        self.mean_accept_length = float(self.num_accepted.sum()) / max(1, int(self.num_rounds.sum()))
+
+
 def _n_tokens(res) -> int:
     return int(sum(len(t) for t in res.tokens))
 
@@ -163,7 +180,8 @@ def part_plain(run, models, prompts, batches, args, eos_id=None, tokens=None, la
     tokens = tokens or args.fixed_tokens
     # the spec part's plain engine has the same shapes (context, pool), so the two share executables
     w = _context(prompts, tokens, 16, args.page_size)
-    eng = Engine(models.plain(), max_context=w, page_size=args.page_size, max_batch=len(prompts), eos_id=eos_id)
+    eng = Engine(models.plain(), max_context=w, page_size=args.page_size,
+                 max_batch=max([args.accept_batch or len(prompts)] + batches), eos_id=eos_id)
     out = {}
     for b in batches:
         if not run.time_left():
@@ -188,13 +206,15 @@ def part_spec(run, models, prompts, batches, args, eos_id):
     from jaxspec.engine import Engine
 
     n_all = len(prompts)
+    chunk = args.accept_batch or n_all
+    most = max([chunk] + batches)
     temps = [float(t) for t in args.temperatures.split(",") if t]
     plain_tok = {}
     # plain reference: all prompts at temperature 0 (the lossless check), and tokens/s at --batches
     w = _context(prompts, args.new_tokens, 16, args.page_size)
-    plain = Engine(models.plain(), max_context=w, page_size=args.page_size, max_batch=n_all, eos_id=eos_id)
+    plain = Engine(models.plain(), max_context=w, page_size=args.page_size, max_batch=most, eos_id=eos_id)
     t0 = time.perf_counter()
-    ref = plain.generate(prompts, args.new_tokens)
+    ref = _All(plain, prompts, args.new_tokens, chunk)
     plain_all_s = time.perf_counter() - t0
     run.add(part="spec", engine="jaxspec", config="plain", batch=n_all, accept_len=1.0, tokens=_n_tokens(ref),
             first_call_s=plain_all_s)
@@ -220,12 +240,12 @@ def part_spec(run, models, prompts, batches, args, eos_id):
         width = max(s.num_draft_tokens for s in specs)
         w = _context(prompts, args.new_tokens, width, args.page_size)
         eng = Engine(target, drafter, spec=specs if adaptive else specs[0], adaptive=True if adaptive else None,
-                     max_context=w, page_size=args.page_size, max_batch=n_all, eos_id=eos_id)
+                     max_context=w, page_size=args.page_size, max_batch=most, eos_id=eos_id)
         for t in [0.0] + ([x for x in temps if x > 0] if name in args.accept_configs.split(",") else []):
             if not run.time_left():
                 return
             t0 = time.perf_counter()
-            res = eng.generate(prompts, args.new_tokens, temperature=t, seed=0)
+            res = _All(eng, prompts, args.new_tokens, chunk, temperature=t, seed=0)
             first_s = time.perf_counter() - t0
             per_req = (res.num_accepted / np.maximum(res.num_rounds, 1)).tolist()
             row = dict(part="spec", engine="jaxspec", config=name, specs=shapes, temperature=t, batch=n_all,
