@@ -5,7 +5,8 @@ aborted mid-generation, more requests than slots and a pool too small for all of
 exactly their solo plain greedy output (``Engine.generate`` on that prompt alone; an aborted request a prefix
 of it), plain and speculative, page sizes 1 and 16. No page leak: after every schedule the free list holds
 every page; an abort frees the request's pages before it returns. Nothing recompiles as requests join and
-leave. Compiles are shared: one ServingEngine per (spec, page size), reused by every example.
+leave. Compiles are shared: one ServingEngine per (spec, page size), reused by every example, its KV pool
+filled with NaN at creation (a request reading a slot it did not write would turn NaN).
 """
 
 import dataclasses
@@ -61,7 +62,8 @@ def _serving(spec: str, page_size: int) -> ServingEngine:
         m, s = _model(), SPECS[spec]
         eng = Engine(m, None if s is None else MTPDrafter(m), spec=s, max_context=W, page_size=page_size,
                      max_batch=SLOTS, num_pages=NUM_PAGES[page_size])
-        _CACHE[key] = ServingEngine(eng)
+        _CACHE[key] = se = ServingEngine(eng)
+        _poison(se)  # every shared core starts from a NaN pool (see _poison)
     return _CACHE[key]
 
 
@@ -173,12 +175,13 @@ def _poison(se: ServingEngine) -> None:
         se._state, is_leaf=lambda c: isinstance(c, PagedKVCache))
 
 
+@pytest.mark.parametrize("page_size", [1, 16])
 @pytest.mark.parametrize("spec", ["plain", "chain"])
-def test_poisoned_pool(spec):
+def test_poisoned_pool(spec, page_size):
     """With every KV slot of the pool poisoned first, and many admissions and retirements through a
     pool too small for all requests at once, outputs still equal the solo ones: no request reads a slot it did
     not write itself (nor writes into another request's pages)."""
-    se = _serving(spec, 16)
+    se = _serving(spec, page_size)
     _poison(se)
     rng = np.random.default_rng(7)
     schedule = [(int(rng.integers(0, 10)), _prompt(100 + i, int(rng.integers(1, 21))), int(rng.integers(1, 17)))
