@@ -357,3 +357,21 @@ def test_generate_a_list_longer_than_the_slots():
     assert se.pool.num_free == se.pool.capacity
     with pytest.raises(ValueError, match="max_new_tokens"):
         se.generate(prompts, [4])
+
+
+def test_checked_mode():
+    """With the in-jit checks on (``JAXSPEC_CHECKS``), the core's executables are functionalised and its
+    output is unchanged (a small one-layer decoder, page size 4)."""
+    from flax import nnx
+
+    from jaxspec._validate import checks
+    from jaxspec.models import Decoder, DecoderConfig
+
+    cfg = DecoderConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                        num_attention_heads=2, num_key_value_heads=1, head_dim=16)
+    m = Decoder(cfg, rngs=nnx.Rngs(3), param_dtype=jnp.float32, kv_dtype=jnp.float32)
+    prompts = [np.arange(1, 6), np.arange(3, 12), np.arange(7, 9)]
+    want = [Engine(m, None, max_context=32, max_batch=1).generate([p], 6).tokens[0].tolist() for p in prompts]
+    with checks():
+        se = ServingEngine(Engine(m, None, max_context=32, max_batch=2, page_size=4, num_pages=12))
+        assert se.generate(prompts, 6) == want

@@ -59,7 +59,7 @@ from jaxspec.engine.state import DecodeState, EngineOptions, SamplingParams
 from jaxspec.engine.step import prefill
 from jaxspec.kernels._dispatch import next_pow2
 from jaxspec.protocols import PagedKVCache
-from jaxspec.serving.pages import PagePool, pack_rows, refresh_tables
+from jaxspec.serving.pages import PagePool, pack_rows, refresh_fn
 
 
 @dataclasses.dataclass(eq=False)  # identity: a request is itself, whatever its fields
@@ -256,10 +256,10 @@ class ServingEngine:
                                                               self.num_slots, self.num_slots))
         stop = np.zeros((self.num_slots,), bool) if stop is None else stop
         eng = self.engine
-        self._state, self._r2p = refresh_tables(
-            self._state, self._r2p, *(jax.device_put(x) for x in packed), jax.device_put(stop),
-            page_size=self.page_size, max_context=self.max_context, implementation=eng.opts.implementation,
-            interpret=eng.opts.interpret)
+        fn = refresh_fn(self.page_size, self.max_context, eng.opts.implementation, eng.opts.interpret,
+                        checks_enabled())
+        self._state, self._r2p = self._call(fn, self._state, self._r2p, *(jax.device_put(x) for x in packed),
+                                            jax.device_put(stop))
 
     def _grow(self, req: Request, tokens: int) -> None:
         """Assign ``req`` the pages covering its first ``tokens`` positions (capped at ``W``)."""

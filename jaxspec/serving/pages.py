@@ -6,7 +6,7 @@ never handed out). The serving core keeps one pool-indexed page table ``req_to_p
 token table ``req_to_token i32[B, W]`` that every ``PagedKVCache`` of the decode state (target and drafter)
 reads. Both steps run TokenSpeed's ported kernels:
 
-* ``refresh_tables`` writes newly assigned pages into ``req_to_page`` with ``update_req_to_page`` (TokenSpeed
+* ``refresh_tables`` (jitted by ``refresh_fn``) writes newly assigned pages into ``req_to_page`` with ``update_req_to_page`` (TokenSpeed
   ``update_block_table`` / ``update_req_to_page``; the packing is ``kernels.block_table.pack_block_table_update``
   without its power-of-two buckets, padded here to one fixed shape so the refresh compiles once), then maps
   every position ``0..W-1`` of every row to its slot with ``compute_out_cache_loc_uniform`` (TokenSpeed
@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxspec.engine.compiled import _checked
 from jaxspec.kernels.block_table import pack_block_table_update
 from jaxspec.kernels.paged_cache_locs import compute_out_cache_loc_uniform, update_req_to_page
 from jaxspec.protocols import PagedKVCache
@@ -99,14 +100,12 @@ def _set_tables(tree, req_to_token):
         is_leaf=lambda x: isinstance(x, PagedKVCache))
 
 
-@functools.partial(jax.jit, static_argnames=("page_size", "max_context", "implementation", "interpret"),
-                   donate_argnums=(0, 1))
 def refresh_tables(state, req_to_page, rpi, pages, num, starts, stop, *, page_size: int, max_context: int,
                    implementation: str, interpret: bool):
     """Apply a packed refresh (``pack_rows``) to ``req_to_page`` (``update_req_to_page``), rebuild the token
     table of every cache in ``state`` from it (``compute_out_cache_loc_uniform`` over positions ``0..W-1``), and
-    mark the rows of ``stop bool[B]`` done (aborted requests). ``state`` and ``req_to_page`` are donated.
-    Returns ``(state, req_to_page)``."""
+    mark the rows of ``stop bool[B]`` done (aborted requests). Pure and jittable (``refresh_fn``); returns
+    ``(state, req_to_page)``."""
     kw = dict(implementation=implementation, interpret=interpret)
     r2p = update_req_to_page(req_to_page, rpi, pages, num, starts, **kw)
     b = r2p.shape[0]
@@ -114,3 +113,12 @@ def refresh_tables(state, req_to_page, rpi, pages, num, starts, stop, *, page_si
                                         page_size=page_size, uniform_input_length=max_context, **kw)
     state = _set_tables(state, r2t.reshape(b, max_context))
     return dataclasses.replace(state, done=state.done | stop), r2p
+
+
+@functools.lru_cache(maxsize=64)
+def refresh_fn(page_size: int, max_context: int, implementation: str, interpret: bool, checks: bool):
+    """``refresh_tables`` jitted for one static key (``state`` and ``req_to_page`` donated); with ``checks`` the
+    kernels' in-jit checks are functionalised (``engine.compiled._checked``: returns ``(error, out)``)."""
+    fn = functools.partial(refresh_tables, page_size=page_size, max_context=max_context,
+                           implementation=implementation, interpret=interpret)
+    return jax.jit(_checked(fn, checks), donate_argnums=(0, 1))
