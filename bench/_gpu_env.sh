@@ -1,5 +1,5 @@
-# Sourced by bench/gpu_all.sh and bench/ab_trees.sh: the decode loops' XLA:GPU options and the assembly of an
-# importable jaxspec package from a source tree.
+# Sourced by bench/gpu_all.sh, bench/gpu_real.sh and bench/ab_trees.sh: the decode loops' XLA:GPU options, the
+# assembly of an importable jaxspec package from a source tree, and the runner of one part.
 
 # XLA:GPU options for the decode loops (README, "Performance"): command buffers (CUDA graphs) for every run of
 # kernels, however short, and for the loops and conditionals themselves. Measured on the H200 (BENCHMARKS.md):
@@ -12,4 +12,14 @@ GPU_XLA_FLAGS="--xla_gpu_graph_min_graph_size=1 --xla_gpu_enable_command_buffer=
 jaxspec_site() {
   rm -rf "$1" && mkdir -p "$1" && cp -r "$2/jaxspec" "$1/" && cp -r "$2/kernels" "$1/jaxspec/kernels" \
     && cp -r "$2/interop" "$1/jaxspec/interop"
+}
+
+# run NAME TIMEOUT CMD...: one part of a GPU script, its output teed to $OUT/NAME.log; a failure sets fail=1
+run() {
+  local name=$1 t=$2; shift 2
+  echo "=== $name ($(date +%T)) ==="
+  timeout "$t" "$@" > >(tee "$OUT/$name.log") 2>&1
+  local rc=$?
+  echo "=== $name rc=$rc ($(date +%T)) ==="
+  [ $rc -eq 0 ] || fail=1
 }

@@ -18,14 +18,6 @@ source bench/_gpu_env.sh  # GPU_XLA_FLAGS (the decode loops' XLA:GPU options), j
 # GPU_XLA_FLAGS_EXTRA: appended for one call (e.g. --xla_dump_to=... for the HLO and thunk sequences)
 GPU_XLA_FLAGS="$GPU_XLA_FLAGS${GPU_XLA_FLAGS_EXTRA:+ $GPU_XLA_FLAGS_EXTRA}"
 fail=0
-run() {  # run NAME TIMEOUT CMD...
-  local name=$1 t=$2; shift 2
-  echo "=== $name ($(date +%T)) ==="
-  timeout "$t" "$@" > >(tee "$OUT/$name.log") 2>&1
-  local rc=$?
-  echo "=== $name rc=$rc ($(date +%T)) ==="
-  [ $rc -eq 0 ] || fail=1
-}
 # Offline installs: tvm-ffi (for SGLang's run-time-compiled CUDA kernels) and jaxspec itself.
 whl=$(ls .originals/apache-tvm-ffi-*/*.whl 2>/dev/null | head -1)
 if [ -n "$whl" ]; then $PY -m pip install -q --no-index --no-deps --target /tmp/site "$whl" && export PYTHONPATH=/tmp/site; fi

@@ -24,14 +24,6 @@ GGUF=/tmp/model.gguf
 GGUF_SHA=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53  # jaxspec/models/fetch.py's pin
 RUNS=/tmp/runs
 fail=0
-step() {  # step NAME TIMEOUT CMD...
-  local name=$1 t=$2; shift 2
-  echo "=== $name ($(date +%T)) ==="
-  timeout "$t" "$@" > >(tee "$OUT/$name.log") 2>&1
-  local rc=$?
-  echo "=== $name rc=$rc ($(date +%T)) ==="
-  [ $rc -eq 0 ] || fail=1
-}
 site() {  # gguf and jaxspec importable (no install needs the network)
   if [ ! -d /tmp/site/gguf ]; then python3 -m pip install -q --no-index --no-deps --target /tmp/site "$IN"/w/gguf-*.whl; fi
   jaxspec_site /tmp/jsite "$SRC"
@@ -49,11 +41,11 @@ for p in "$@"; do case $p in
   drafters) site  # bench/train_heads.sh under per-stage limits; heads and curves come back as heads.tar.NN (the
     # device returns at most 8 files of 16 MiB): cat heads.tar.* | tar -x
     DATA_TIMEOUT=${DATA_TIMEOUT:-170} E3_TIMEOUT=${E3_TIMEOUT:-300} MTP_TIMEOUT=${MTP_TIMEOUT:-150} PY=python3 \
-      step drafters 590 bash bench/train_heads.sh $GGUF $RUNS
+      run drafters 590 bash bench/train_heads.sh $GGUF $RUNS
     tar -cf /tmp/heads.tar -C $RUNS e3/eagle3 e3/curves.json e3/curves.png mtp/mtp mtp/curves.json mtp/curves.png \
       && split -b 15000000 -d /tmp/heads.tar "$OUT/heads.tar." && ls -la "$OUT" ;;
   real) site; heads
-    XLA_FLAGS="${XLA_FLAGS-$GPU_XLA_FLAGS}" step real ${REAL_TIMEOUT:-560} env -u TORCHDYNAMO_DISABLE python3 bench/real_model.py \
+    XLA_FLAGS="${XLA_FLAGS-$GPU_XLA_FLAGS}" run real ${REAL_TIMEOUT:-560} env -u TORCHDYNAMO_DISABLE python3 bench/real_model.py \
       --model $GGUF --questions "$IN/q/question.jsonl" --eagle3 "$E3" --mtp "$MTP" --json "$OUT/real_model.json" \
       --png "$OUT/real_model.png" ${REAL_ARGS:-} ;;
   *) echo "unknown part $p"; fail=1 ;;

