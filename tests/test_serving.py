@@ -294,12 +294,17 @@ def test_several_rounds_per_step():
 
 
 def test_one_host_read_per_step(monkeypatch):
-    """A step transfers nothing implicitly (``jax.transfer_guard("disallow")``) and reads the device once
-    (one ``jax.device_get``); an abort reads nothing."""
+    """A step transfers nothing implicitly (``jax.transfer_guard("disallow")``) and reads the device once: one
+    ``jax.device_get`` of four arrays, and no other array read back (``bool`` / ``int`` / ``tolist`` of a device
+    array go through ``_value``, counted; NumPy's buffer protocol on a CPU array is not seen here); an abort
+    reads nothing."""
     se = _serving("chain", 16)
-    calls = []
+    calls, reads = [], []
     real = jax.device_get
     monkeypatch.setattr(jax, "device_get", lambda x: calls.append(1) or real(x))
+    cls = type(jnp.zeros(1))
+    value = cls._value
+    monkeypatch.setattr(cls, "_value", property(lambda self: reads.append(1) or value.fget(self)))
     a = se.add_request(np.array(_prompt(60, 6), np.int32), 10)
     se.add_request(np.array(_prompt(61, 13), np.int32), 12)
     steps = 0
@@ -308,10 +313,10 @@ def test_one_host_read_per_step(monkeypatch):
             se.step()
             steps += 1
             if steps == 2:
-                n = len(calls)
+                n, m = len(calls), len(reads)
                 se.abort(a)
-                assert len(calls) == n
-    assert len(calls) == steps
+                assert (len(calls), len(reads)) == (n, m)
+    assert len(calls) == steps and len(reads) == 4 * steps
 
 
 def test_sampled_requests_draw_what_they_draw_alone():
