@@ -35,8 +35,8 @@ preempted. A request whose worst case exceeds the whole pool is refused by ``add
 Plain or speculative decoding with one draft shape (chain or tree, any ``Drafter``), greedy by default;
 ``sampling=True`` runs the engine's sampling executable, every request with its own temperature / top-k /
 top-p / seed (its coins depend on its seed and its own round counter only, so it draws what it would draw
-alone; temperature-0 requests stay greedy). Adaptive engines and simulated acceptance are refused at
-construction.
+alone; temperature-0 requests stay greedy). The stop token is the engine's ``eos_id`` (one for every
+request). Adaptive engines and simulated acceptance are refused at construction.
 """
 
 import collections

@@ -6,9 +6,10 @@ never handed out). The serving core keeps one pool-indexed page table ``req_to_p
 token table ``req_to_token i32[B, W]`` that every ``PagedKVCache`` of the decode state (target and drafter)
 reads. Both steps run TokenSpeed's ported kernels:
 
-* ``refresh_tables`` (jitted by ``refresh_fn``) writes newly assigned pages into ``req_to_page`` with ``update_req_to_page`` (TokenSpeed
-  ``update_block_table`` / ``update_req_to_page``; the packing is ``kernels.block_table.pack_block_table_update``
-  without its power-of-two buckets, padded here to one fixed shape so the refresh compiles once), then maps
+* ``refresh_tables`` (jitted by ``refresh_fn``) writes newly assigned pages into ``req_to_page`` with
+  ``update_req_to_page`` (TokenSpeed ``update_block_table`` / ``update_req_to_page``; the packing is
+  ``kernels.block_table.pack_block_table_update`` without its power-of-two buckets, padded here to one fixed
+  shape so the refresh compiles once), then maps
   every position ``0..W-1`` of every row to its slot with ``compute_out_cache_loc_uniform`` (TokenSpeed
   ``compute_out_cache_loc`` for a uniform length ``W`` from position 0): unassigned pages give slots on the
   dummy page.
