@@ -1,0 +1,90 @@
+"""An EAGLE-3 head's training metric (top-1 agreement per TTT step) on fresh conversations of the training recipe
+and on the demo's chat prompts, split by where in the response the predicted token lies.
+
+``.venv/bin/python bench/draft_train_metric.py [--head DIR] [--num-prompts 8] [--response-len 256] [--seed 1]``
+
+Train-like: ``jaxspec.train_draft``'s data stage on this machine (f32; ``--seed`` other than the shipped head's 0
+gives conversations it has not seen), greedy for the first half, T=0.7 for the rest. Chat: the demo's prompts
+(SmolLM2's chat template), greedy replies of ``--response-len`` tokens. Per set: ``eagle3_losses``' accept per
+step (what training logs), then step 0's agreement by response-position bucket and by greedy / sampled rows.
+"""
+
+import argparse
+import os
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--head", default=None)
+    ap.add_argument("--num-prompts", type=int, default=8)
+    ap.add_argument("--response-len", type=int, default=256)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--ttt-length", type=int, default=3)
+    ap.add_argument("--out", default=None, help="data folder (default: a temporary one)")
+    args = ap.parse_args(argv)
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from flax import nnx
+
+    from jaxspec.demo import PROMPTS, load_model_setup
+    from jaxspec.engine import Engine
+    from jaxspec.models import fetch_model
+    from jaxspec.train_draft import (_shift, chatml_ids_from_gguf, eagle3_losses, eagle3_step_logits,
+                                     generate_data, load_data, response_mask)
+
+    setup = load_model_setup(args.head, len(PROMPTS))
+    target, head = setup.target, setup.drafter.model
+    out = args.out or tempfile.mkdtemp(prefix="draft_metric_")
+    os.makedirs(out, exist_ok=True)
+    user, asst, eot = chatml_ids_from_gguf(str(fetch_model("smollm2-135m-instruct", quiet=True)))
+    generate_data(target, out, num_prompts=args.num_prompts, prompt_len=64, response_len=args.response_len,
+                  gen_batch=args.num_prompts, user_prefix=user, assistant_prefix=asst, eot_id=eot, seed=args.seed)
+    tokens, lens, rs = load_data(os.path.join(out, "data.npz"))
+    n_greedy = int(round(0.5 * args.num_prompts))
+    eng = Engine(target, None, max_context=-(-(max(len(p) for p in setup.prompts) + args.response_len + 8) // 16) * 16,
+                 page_size=16, max_batch=len(setup.prompts), eos_id=setup.eos_id)
+    replies = eng.generate([np.asarray(p, np.int32) for p in setup.prompts], args.response_len)
+    chat = [np.concatenate([np.asarray(p, np.int32), np.asarray(r, np.int32)]) for p, r in zip(setup.prompts,
+                                                                                                 replies.tokens)]
+    ct = np.zeros((len(chat), max(len(s) for s in chat)), np.int32)
+    for i, s in enumerate(chat):
+        ct[i, :len(s)] = s
+    sets = {"train-like": (tokens, lens, rs, np.arange(len(lens)) < n_greedy),
+            "chat": (ct, np.asarray([len(s) for s in chat], np.int32), np.asarray([len(p) for p in setup.prompts],
+                                                                                    np.int32), np.ones(len(chat), bool))}
+    graphdef, state = nnx.split((target, head))
+    k = args.ttt_length
+
+    @jax.jit
+    def metrics(st, toks, msk):
+        tg, hd = nnx.merge(graphdef, st)
+        _, acc = eagle3_losses(hd, tg, toks, msk, k)
+        logits, (s0, *_) = eagle3_step_logits(hd, tg, toks, 1)
+        hit = hd.token_ids[...][jnp.argmax(s0, -1)] == _shift(jnp.argmax(logits, -1), 1)
+        return acc, hit, _shift(msk, 2)
+
+    for name, (toks, ln, start, greedy) in sets.items():
+        msk = response_mask(toks, ln, start)
+        acc, hit, lm = (np.asarray(x) for x in metrics(state, jnp.asarray(toks), jnp.asarray(msk)))
+        print(f"{name}: {len(ln)} conversations, {int(msk.sum())} response tokens, mean response "
+              f"{float(np.mean(ln - start)):.0f} tokens; training's accept per step {np.round(acc, 3).tolist()}")
+        pos = np.arange(toks.shape[1])[None, :] + 2 - start[:, None]  # response index of the predicted token
+        for lo, hi in ((0, 32), (32, 64), (64, 128), (128, 256), (256, 10**6)):
+            sel = lm & (pos >= lo) & (pos < hi)
+            if sel.any():
+                print(f"  step 0, response tokens [{lo}, {hi}): {hit[sel].mean():.3f} (n={int(sel.sum())})")
+        for label, rows in (("greedy", greedy), ("sampled", ~greedy)):
+            sel = lm & rows[:, None]
+            if sel.any():
+                print(f"  step 0, {label} replies: {hit[sel].mean():.3f} (n={int(sel.sum())})")
+        sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
