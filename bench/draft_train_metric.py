@@ -25,6 +25,10 @@ def main(argv=None):
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--ttt-length", type=int, default=3)
     ap.add_argument("--out", default=None, help="data folder (default: a temporary one)")
+    ap.add_argument("--sets", default="train-like,chat,chat-user-only",
+                    help="comma-separated: train-like, chat (the demo's prompts in SmolLM2's chat template, which "
+                         "adds a default system turn), chat-user-only (the same prompts in train_draft's format: "
+                         "user turn only, as the training data)")
     args = ap.parse_args(argv)
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     import jax
@@ -40,24 +44,35 @@ def main(argv=None):
 
     setup = load_model_setup(args.head, len(PROMPTS))
     target, head = setup.target, setup.drafter.model
-    out = args.out or tempfile.mkdtemp(prefix="draft_metric_")
-    os.makedirs(out, exist_ok=True)
+    want = set(args.sets.split(","))
     user, asst, eot = chatml_ids_from_gguf(str(fetch_model("smollm2-135m-instruct", quiet=True)))
-    generate_data(target, out, num_prompts=args.num_prompts, prompt_len=64, response_len=args.response_len,
-                  gen_batch=args.num_prompts, user_prefix=user, assistant_prefix=asst, eot_id=eot, seed=args.seed)
-    tokens, lens, rs = load_data(os.path.join(out, "data.npz"))
-    n_greedy = int(round(0.5 * args.num_prompts))
-    eng = Engine(target, None, max_context=-(-(max(len(p) for p in setup.prompts) + args.response_len + 8) // 16) * 16,
-                 page_size=16, max_batch=len(setup.prompts), eos_id=setup.eos_id)
-    replies = eng.generate([np.asarray(p, np.int32) for p in setup.prompts], args.response_len)
-    chat = [np.concatenate([np.asarray(p, np.int32), np.asarray(r, np.int32)]) for p, r in zip(setup.prompts,
-                                                                                                 replies.tokens)]
-    ct = np.zeros((len(chat), max(len(s) for s in chat)), np.int32)
-    for i, s in enumerate(chat):
-        ct[i, :len(s)] = s
-    sets = {"train-like": (tokens, lens, rs, np.arange(len(lens)) < n_greedy),
-            "chat": (ct, np.asarray([len(s) for s in chat], np.int32), np.asarray([len(p) for p in setup.prompts],
-                                                                                    np.int32), np.ones(len(chat), bool))}
+    sets = {}
+    if "train-like" in want:
+        out = args.out or tempfile.mkdtemp(prefix="draft_metric_")
+        os.makedirs(out, exist_ok=True)
+        generate_data(target, out, num_prompts=args.num_prompts, prompt_len=64, response_len=args.response_len,
+                      gen_batch=args.num_prompts, user_prefix=user, assistant_prefix=asst, eot_id=eot, seed=args.seed)
+        tokens, lens, rs = load_data(os.path.join(out, "data.npz"))
+        sets["train-like"] = (tokens, lens, rs, np.arange(len(lens)) < int(round(0.5 * args.num_prompts)))
+    chats = {"chat": setup.prompts}
+    if "chat-user-only" in want:
+        from jaxspec.text import Tokenizer
+
+        tok = Tokenizer.from_file(str(fetch_model("smollm2-135m-instruct", quiet=True)))
+        chats["chat-user-only"] = [list(user) + tok.encode(t, add_special_tokens=False) + list(asst) for t in PROMPTS]
+    for name, prompts in chats.items():
+        if name not in want:
+            continue
+        ctx = -(-(max(len(p) for p in prompts) + args.response_len + 8) // 16) * 16
+        eng = Engine(target, None, max_context=ctx, page_size=16, max_batch=len(prompts), eos_id=setup.eos_id)
+        replies = eng.generate([np.asarray(p, np.int32) for p in prompts], args.response_len)
+        seqs = [np.concatenate([np.asarray(p, np.int32), np.asarray(r, np.int32)]) for p, r in zip(prompts,
+                                                                                                    replies.tokens)]
+        ct = np.zeros((len(seqs), max(len(q) for q in seqs)), np.int32)
+        for i, q in enumerate(seqs):
+            ct[i, :len(q)] = q
+        sets[name] = (ct, np.asarray([len(q) for q in seqs], np.int32), np.asarray([len(p) for p in prompts], np.int32),
+                      np.ones(len(seqs), bool))
     graphdef, state = nnx.split((target, head))
     k = args.ttt_length
 
