@@ -23,7 +23,7 @@ from jaxspec.engine import Engine
 from jaxspec.models import DEFAULT_WEIGHTS, MTPDrafter, load_pair
 from jaxspec.protocols import PagedKVCache
 from jaxspec.serving import PagePool, ServingEngine
-from jaxspec.serving.core import _insert_fn
+from jaxspec.serving.core import _decode_fn, _insert_fn
 
 W = 64
 SLOTS = 4
@@ -227,7 +227,7 @@ def test_no_recompile_as_requests_join_and_leave():
     ids, streamed = _run(se, schedule, aborts=((2, 3),))
     assert COMPILES.count == before, COMPILES.count - before
     eng = se.engine
-    assert eng._entry_points(False).decode._cache_size() == 1
+    assert _decode_fn(eng.graphdef, eng._treedef, eng.opts, False)._cache_size() == 1
     assert _insert_fn(eng.graphdef, eng._treedef, eng.opts, False)._cache_size() == 3  # buckets 8, 16, 32
     _check_outputs(se, schedule, ids, streamed, aborts=((2, 3),))
 
@@ -281,7 +281,8 @@ def test_page_pool():
 
 def test_several_rounds_per_step():
     """``rounds_per_step=3`` (pages reserved for three speculative rounds ahead, page size 1: the reservation is
-    tight at every token): solo outputs, no leak, and the same decode executable as one round per step."""
+    tight at every token): solo outputs, no leak, and the same decode executable as one round per step. The
+    loop leaves when a request finishes: a step with one that ends after a round ran one round."""
     m = _model()
     eng = Engine(m, MTPDrafter(m), spec=CHAIN, max_context=W, page_size=1, max_batch=SLOTS,
                  num_pages=NUM_PAGES[1])
@@ -290,7 +291,15 @@ def test_several_rounds_per_step():
                 (2, _prompt(54, 5), 3), (3, _prompt(55, 12), 36)]
     ids, streamed = _run(se, schedule)
     _check_outputs(se, schedule, ids, streamed)
-    assert eng._entry_points(False).decode._cache_size() == 1
+    assert _decode_fn(eng.graphdef, eng._treedef, eng.opts, False)._cache_size() == 1
+    se = ServingEngine(eng, rounds_per_step=4)
+    short = se.add_request(np.array(_prompt(56, 4), np.int32), 2)  # its first round ends it
+    long = se.add_request(np.array(_prompt(57, 4), np.int32), 40)
+    se.step()
+    assert se.requests[short].status == "finished"
+    assert 2 <= len(se.requests[long].output) <= 1 + CHAIN.num_steps + 1  # prefill's token + one round
+    se.run_until_done()
+    assert se.requests[long].output == _solo(_prompt(57, 4), 40)
 
 
 def test_one_host_read_per_step(monkeypatch):

@@ -12,9 +12,10 @@ of two), one ``DecodeState`` of that shape over the engine's KV pool (target and
    ``update_req_to_page`` and turned into the token table with ``compute_out_cache_loc_uniform``;
 3. **prefill** of each admitted request into its slot (``insert``: the engine's ``prefill`` on a one-row view
    of the state, written back into the slot; JetStream's ``prefill`` + ``insert``), the other slots untouched;
-4. **decode**: ``R`` rounds (``rounds_per_step``) of the engine's own compiled decode loop
-   (``Engine.run_decode(max_rounds=R)``: ``plain_step`` or ``spec_step`` over all slots; empty and finished
-   slots are done rows, frozen, their table rows on the dummy page as the engine's padding rows);
+4. **decode**: up to ``R`` rounds (``rounds_per_step``) in one device ``while_loop`` over the engine's round
+   (``engine.step.decode_step``: ``plain_step`` or ``spec_step`` over all slots; empty and finished slots are
+   done rows, frozen, their table rows on the dummy page as the engine's padding rows), left as soon as a
+   running request finishes (its slot can then be given to a waiting one);
 5. **one host read** (``jax.device_get`` of ``done``, ``num_generated``, ``seq_lens`` and ``out_tokens``): the
    step's new tokens of every request, and those that finished (EOS / ``max_new_tokens``) are retired: slot
    and pages freed at once (their table row goes back to the dummy page in the next refresh).
@@ -56,7 +57,7 @@ from jaxspec.engine.checks import check_prompts, check_sampling
 from jaxspec.engine.compiled import _checked
 from jaxspec.engine.memory import allocate_state, prompt_bucket
 from jaxspec.engine.state import DecodeState, EngineOptions, SamplingParams
-from jaxspec.engine.step import prefill
+from jaxspec.engine.step import decode_step, prefill
 from jaxspec.kernels._dispatch import next_pow2
 from jaxspec.protocols import PagedKVCache
 from jaxspec.serving.pages import PagePool, pack_rows, refresh_fn
@@ -170,15 +171,34 @@ def _insert_fn(graphdef, treedef, opts: EngineOptions, checks: bool):
     return jax.jit(_checked(insert, checks), donate_argnums=(1,))
 
 
+@functools.lru_cache(maxsize=64)
+def _decode_fn(graphdef, treedef, opts: EngineOptions, checks: bool):
+    """Jitted ``decode(params, state, rounds)``: rounds of ``decode_step`` while fewer than ``rounds`` (traced
+    ``i32[]``: one executable for every ``R``) ran, some row is not done and no request that was running at the
+    start has finished (state donated)."""
+
+    def decode(params, state, rounds):
+        target, drafter = nnx.merge(graphdef, jax.tree.unflatten(treedef, params))
+        running = ~state.done
+
+        def live(c):
+            return (c[1] < rounds) & ~jnp.any(running & c[0].done) & ~jnp.all(c[0].done)
+
+        body = lambda c: (decode_step(target, drafter, opts, c[0]), c[1] + 1)  # noqa: E731
+        return jax.lax.while_loop(live, body, (state, jnp.int32(0)))[0]
+
+    return jax.jit(_checked(decode, checks), donate_argnums=(1,))
+
+
 class ServingEngine:
     """Continuous batching over ``engine`` (module docstring: the step, the page policy, the one host read).
 
     Args:
-      engine: an ``Engine`` (greedy; plain, or speculative with one draft shape). Its ``max_batch`` (rounded up
-        to a power of two) is the number of slots, its ``max_context`` the tokens per slot, its ``num_pages`` /
-        ``page_size`` the pool; its compiled decode loop is the one this core runs.
-      rounds_per_step: ``R``, decode rounds per ``step`` (a value of the decode loop: any ``R`` shares one
-        executable); the loop leaves early when every slot is done.
+      engine: an ``Engine`` (plain, or speculative with one draft shape). Its ``max_batch`` (rounded up to a
+        power of two) is the number of slots, its ``max_context`` the tokens per slot, its ``num_pages`` /
+        ``page_size`` the pool; its round (``decode_step``) and ``prefill`` are the ones this core runs.
+      rounds_per_step: ``R``, the most decode rounds per ``step`` (a value of the decode loop: any ``R`` shares
+        one executable); the loop leaves as soon as a running request finishes.
       sampling: ``False`` (default): greedy requests only, the greedy executables. ``True``: the sampling
         executables; each request brings its own sampling parameters (``add_request``).
 
@@ -353,7 +373,8 @@ class ServingEngine:
             self._state = self._call(entry, self.engine.params, self._state, *args)
         if not self.scheduler.running:
             return []
-        self._state = self.engine.run_decode(self._state, max_rounds=r)
+        decode = _decode_fn(self.engine.graphdef, self.engine._treedef, self.engine.opts, checks_enabled())
+        self._state = self._call(decode, self.engine.params, self._state, jax.device_put(np.int32(r)))
         done, num, seq, out = jax.device_get((self._state.done, self._state.num_generated, self._state.seq_lens,
                                               self._state.out_tokens))
         self._seq_lens = seq
