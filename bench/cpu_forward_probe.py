@@ -15,14 +15,15 @@ matmuls alone. Run it once per ``XLA_FLAGS`` setting (the flags are read when JA
 Prints one line per row count and a JSON line (``--json PATH`` writes it to a file too).
 """
 
-import argparse
 import json
 import os
 import time
 
+import _cli
+
 
 def _parse(argv=None):
-    ap = argparse.ArgumentParser(prog="cpu_forward_probe.py", description=__doc__.split("\n\n")[0])
+    ap = _cli.parser("cpu_forward_probe.py", __doc__)
     ap.add_argument("--model", default="smollm2-135m-instruct", help="a named model, .gguf file or HF directory")
     ap.add_argument("--rows", default="1,2,4,6", help="comma list of fresh-row counts Q")
     ap.add_argument("--prefix", type=int, default=160, help="committed tokens attended to (default: %(default)s)")

@@ -16,14 +16,15 @@ its cost (other processes on a shared CPU only ever add time). Run once per ``XL
 line ``{"name/rows": ms}``.
 """
 
-import argparse
 import json
 import os
 import time
 
+import _cli
+
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(prog="cpu_matmul_probe.py", description=__doc__.split("\n\n")[0])
+    ap = _cli.parser("cpu_matmul_probe.py", __doc__)
     ap.add_argument("--rows", default="1,2,4,6", help="comma list of row counts")
     ap.add_argument("--repeats", type=int, default=15, help="timed calls per function and row count")
     ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32", help="weight dtype")
