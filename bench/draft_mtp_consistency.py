@@ -1,0 +1,103 @@
+"""Teacher-forced check of the MTP head: training's step predictions vs ``MTPDrafter``'s after a prefill.
+
+``.venv/bin/python bench/draft_mtp_consistency.py [--head DIR] [--num-prompts 3] [--new-tokens 64]``
+
+SmolLM2 (f32) answers the demo's chat prompts greedily. Train side: ``jaxspec.train_draft.mtp_losses``' forward
+(step ``s`` at row ``t`` fed the step ``s - 1`` hidden and token ``t + s + 1``, predicting token ``t + s + 2``).
+Inference side: for every response prefix ``tokens[:c]``, the target's paged prefill and
+``MTPDrafter.extend_after_prefill`` (chain ``SpecConfig(3, 1, 4)``): the drafts ``d0, d1, d2``. Printed: per step,
+how often the two sides agree at row ``c - 1`` (step ``s > 0`` only where ``d0 .. d(s-1)`` are the true tokens, so
+both sides are fed the same tokens) and each side's agreement with the target's greedy tokens.
+"""
+
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from bench.draft_consistency import prefixes  # noqa: E402
+
+
+def train_side(model, tokens, steps):
+    import jax.numpy as jnp
+
+    from jaxspec.train_draft import _dense_meta, _shift
+
+    toks = jnp.asarray(tokens, jnp.int32)[None]
+    meta = _dense_meta(1, toks.shape[1])
+    _, h, _ = model.forward(toks, meta, None)
+    out = []
+    for s in range(steps):
+        lg, h, _ = model.mtp_forward(s, h, _shift(toks, s + 1), meta, None)
+        out.append(jnp.argmax(lg, -1)[0])
+    return jnp.stack(out)
+
+
+def inference_side(model, drafter, spec, prompts, lens, r2t, zeros, slots: int, page_size=16):
+    import jax.numpy as jnp
+
+    from jaxspec import pipeline
+
+    b, p = prompts.shape
+    meta = pipeline.prefill_metadata(lens, r2t, p, page_size=page_size, prefix_lens=zeros)
+    logits, hidden, _ = model.forward(prompts, meta, model.make_cache(r2t, slots))
+    first = jnp.argmax(logits[jnp.arange(b), lens - 1], -1).astype(jnp.int32)
+    st = drafter.init_state(spec, r2t, slots)
+    st = drafter.extend_after_prefill(spec, st, prompts, hidden, meta, lens, first)
+    return st.topk_index, first
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--head", default="jaxspec/assets/heads/smollm2-135m-instruct-mtp")
+    ap.add_argument("--num-prompts", type=int, default=3)
+    ap.add_argument("--new-tokens", type=int, default=64)
+    args = ap.parse_args(argv)
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    import jax
+    import numpy as np
+    from flax import nnx
+
+    from jaxspec.config import SpecConfig
+    from jaxspec.demo import load_model_setup
+    from jaxspec.engine import Engine
+
+    setup = load_model_setup(args.head, args.num_prompts)
+    model, drafter = setup.target, setup.drafter
+    spec = SpecConfig(3, 1, 4)
+    eng = Engine(model, None, max_context=256, page_size=16, max_batch=args.num_prompts, eos_id=setup.eos_id)
+    prompts = [np.asarray(p, np.int32) for p in setup.prompts]
+    replies = eng.generate(prompts, args.new_tokens)
+    graphdef, state = nnx.split((model, drafter))
+    f_train = jax.jit(lambda s, t: train_side(nnx.merge(graphdef, s)[0], t, spec.num_steps))
+    f_inf = jax.jit(lambda s, pr, ln, r2t, z, n: inference_side(*nnx.merge(graphdef, s), spec, pr, ln, r2t, z, n),
+                    static_argnums=(5,))
+    rows, width = args.new_tokens, 192
+    agree, acc_t, acc_i, count = (np.zeros(spec.num_steps) for _ in range(4))
+    for p, r in zip(prompts, replies.tokens):
+        seq = np.concatenate([p, np.asarray(r, np.int32)])
+        starts = tuple(range(len(p), len(seq) - spec.num_steps))
+        if not starts:
+            continue
+        tr = np.asarray(f_train(state, seq))
+        pr, ln, r2t = prefixes(seq, starts, spec, rows, width)
+        drafts, first = f_inf(state, pr, ln, r2t, np.zeros((rows,), np.int32), int(r2t.max()) + 1)
+        drafts, first = np.asarray(drafts)[:len(starts)], np.asarray(first)[:len(starts)]
+        c = np.asarray(starts)
+        assert (first == seq[c]).all(), "paged prefill's first token differs from the greedy reply"
+        ok = np.ones(len(c), bool)
+        for s in range(spec.num_steps):
+            t_s, i_s, true = tr[s, c - 1][ok], drafts[ok, s], seq[c + 1 + s][ok]
+            agree[s] += (t_s == i_s).sum()
+            acc_t[s] += (t_s == true).sum()
+            acc_i[s] += (i_s == true).sum()
+            count[s] += ok.sum()
+            ok = ok & (drafts[:, s] == seq[c + 1 + s])
+    for s in range(spec.num_steps):
+        n = max(1.0, count[s])
+        print(f"step {s} (n={int(count[s])}{', earlier drafts right' if s else ''}): train==infer {agree[s] / n:.3f}  "
+              f"train acc {acc_t[s] / n:.3f}  infer acc {acc_i[s] / n:.3f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
