@@ -227,20 +227,32 @@ def eagle3_losses(draft, target, tokens, mask, ttt_length: int):
     return jnp.stack(losses), jnp.stack(accs)
 
 
-def mtp_losses(model, tokens, mask, num_steps: int):
-    """Per-step ``(losses, accept)`` of the self-distilled MTP layer (module docstring)."""
+def mtp_step_logits(model, tokens, num_steps: int):
+    """The MTP training forward: ``(target_logits f32[B, T, V], [step logits f32[B, T, V]] * S)`` over ``tokens
+    i32[B, T]`` (teacher forced: step ``s``'s row ``t`` is fed step ``s - 1``'s hidden at row ``t`` and token
+    ``t + s + 1``, and predicts token ``t + s + 2``)."""
     import jax
-    import jax.numpy as jnp
-    import optax
 
     b, t = tokens.shape
     meta = _dense_meta(b, t)
     logits, h, _ = model.forward(tokens, meta, None)
-    labels = jax.lax.stop_gradient(jnp.argmax(logits, -1)).astype(jnp.int32)
     h = jax.lax.stop_gradient(h)
-    losses, accs = [], []
+    out = []
     for s in range(num_steps):
         lg, h, _ = model.mtp_forward(s, h, _shift(tokens, s + 1), meta, None)
+        out.append(lg)
+    return jax.lax.stop_gradient(logits), out
+
+
+def mtp_losses(model, tokens, mask, num_steps: int):
+    """Per-step ``(losses, accept)`` of the self-distilled MTP layer (module docstring)."""
+    import jax.numpy as jnp
+    import optax
+
+    logits, step_logits = mtp_step_logits(model, tokens, num_steps)
+    labels = jnp.argmax(logits, -1).astype(jnp.int32)
+    losses, accs = [], []
+    for s, lg in enumerate(step_logits):
         lab, lm = _shift(labels, s + 1), _shift(mask, s + 2)
         n = jnp.maximum(jnp.sum(lm.astype(jnp.float32)), 1.0)
         ce = optax.softmax_cross_entropy_with_integer_labels(lg, lab)

@@ -1,4 +1,6 @@
-"""Training vs inference of an EAGLE-3 head on the same prefix (a tiny random target and head, f32).
+"""Training vs inference of the draft heads on the same prefix (a tiny random target and heads, f32).
+
+EAGLE-3:
 
 * Step 0: ``train_draft``'s forward at row ``c - 1`` (fed token ``c``, features of row ``c - 1``) gives the same draft
   logits as ``EAGLE3Drafter`` after the target's paged prefill of ``tokens[:c]`` with first token ``tokens[c]``, and
@@ -7,6 +9,9 @@
   ``0 .. c - 1``) and itself (SGLang's draft decode); ``train_draft``'s step 1 at row ``c - 1`` (SpecForge's
   training-time test, fed the same token) is the head run at position ``c - 1`` over rows ``0 .. c - 2`` and
   itself. Both are checked against a dense forward of those rows: the two conventions differ by exactly that row.
+
+MTP: ``train_draft``'s teacher-forced steps 0 and 1 at row ``c - 1`` give ``MTPDrafter``'s chain after the prefill
+of ``tokens[:c]`` (step 1 fed the step-0 draft on both sides).
 """
 
 import jax
@@ -21,9 +26,11 @@ from jaxspec.engine import Engine
 from jaxspec.models import Decoder, DecoderConfig
 from jaxspec.models.eagle3 import EAGLE3Model, Eagle3Config, aux_layers_from_ids
 from jaxspec.models.eagle3_drafter import EAGLE3Drafter
+from jaxspec.models.mtp import add_mtp_layers
+from jaxspec.models.mtp_drafter import MTPDrafter
 from jaxspec.protocols import AttentionMetadata, make_req_to_token
 from jaxspec.pipeline import causal_qmask
-from jaxspec.train_draft import _dense_meta, eagle3_step_logits
+from jaxspec.train_draft import _dense_meta, eagle3_step_logits, mtp_step_logits
 
 V, H, F, HQ, HKV, E, VD, L = 64, 32, 64, 4, 2, 8, 48, 3
 TARGET = DecoderConfig(vocab_size=V, hidden_size=H, intermediate_size=F, num_hidden_layers=L, num_attention_heads=HQ,
@@ -39,12 +46,16 @@ def pair():
     cfg = Eagle3Config.for_target(TARGET, draft_vocab_size=VD, aux_layer_ids=IDS)
     d2t = np.sort(np.random.default_rng(2).choice(V, VD, replace=False)) - np.arange(VD)
     head = EAGLE3Model(cfg, rngs=nnx.Rngs(3), param_dtype=jnp.float32, kv_dtype=jnp.float32, d2t=d2t)
-    # scale the head's weights up so its logits are far from uniform (argmax disagreements would be visible)
-    for _, var in nnx.to_flat_state(nnx.state(head, nnx.Param)):
-        if var.get_value().ndim == 2:
-            var.set_value(var.get_value() * 3.0)
+    _scale_up(head)
     tokens = np.random.default_rng(4).integers(1, V, T).astype(np.int32)
     return target, EAGLE3Drafter(head, target), tokens
+
+
+def _scale_up(module, factor=3.0):
+    """Matrices times ``factor``: logits far from uniform, so argmax disagreements would be visible."""
+    for _, var in nnx.to_flat_state(nnx.state(module, nnx.Param)):
+        if var.get_value().ndim == 2:
+            var.set_value(var.get_value() * factor)
 
 
 def _prefill_drafts(target, drafter, tokens, starts, spec):
@@ -133,3 +144,25 @@ def test_step1_is_sglangs_draft_decode_and_training_is_specforges(pair):
         h = jnp.concatenate([h0[:, :c - 1], h_last], 1)
         ref = head.logits(_dense(head, e, h, np.arange(c))[-1])
         np.testing.assert_allclose(np.asarray(step1[0, c - 1]), np.asarray(ref), **TOL)
+
+
+def test_mtp_steps_after_prefill_are_the_training_forwards_predictions():
+    model = add_mtp_layers(Decoder(TARGET, rngs=nnx.Rngs(5), kv_dtype=jnp.float32), 1, rngs=nnx.Rngs(6),
+                           num_draft_steps=2)
+    _scale_up(model.mtp_layers)
+    tokens = np.random.default_rng(7).integers(1, V, T).astype(np.int32)
+    starts = list(range(1, T - 2))
+    spec = SpecConfig(2, 1, 3)
+    st, _ = _prefill_drafts(model, MTPDrafter(model), tokens, starts, spec)
+    drafts, probs = np.asarray(st.topk_index), np.asarray(st.topk_p)
+    c = np.asarray(starts)
+    _, (step0,) = mtp_step_logits(model, jnp.asarray(tokens)[None], 1)
+    want0 = np.asarray(jax.nn.softmax(step0[0], -1))[c - 1]
+    np.testing.assert_array_equal(drafts[:, 0], want0.argmax(-1))
+    np.testing.assert_allclose(probs[:, 0], want0.max(-1), **TOL)
+    seqs = np.repeat(tokens[None], len(c), 0)
+    seqs[np.arange(len(c)), c + 1] = drafts[:, 0]  # step 1 fed the step-0 draft, as the drafter does
+    _, (_, step1) = mtp_step_logits(model, jnp.asarray(seqs), 2)
+    want1 = np.asarray(jax.nn.softmax(step1, -1))[np.arange(len(c)), c - 1]
+    np.testing.assert_array_equal(drafts[:, 1], want1.argmax(-1))
+    np.testing.assert_allclose(probs[:, 1], want1.max(-1), **TOL)
