@@ -9,14 +9,14 @@ self-synthesized user turns, as ``jaxspec.train_draft``'s data stage makes them)
   step 0's draft token for ``t + 2`` and step 1's for ``t + 3`` (step 1 teacher-forced: fed token ``t + 2``);
 * inference side: for every response prefix ``tokens[:c]`` (one batch row each) the target's paged prefill,
   ``EAGLE3Drafter.extend_after_prefill`` and the chain ``propose`` (``SpecConfig(3, 1, 4)``) give the drafts
-  ``d0`` (for ``c + 1``), ``d1`` (``c + 2``) as the engine computes them;
+  ``draft0`` (for ``c + 1``), ``draft1`` (``c + 2``) as the engine computes them;
 
 and prints, per conversation and in all, how often the two sides agree position by position (``row c - 1`` vs
-prefix ``c``; step 1 only where ``d0`` is the true token, so both sides are fed the same tokens) and each side's
+prefix ``c``; step 1 only where ``draft0`` is the true token, so both sides are fed the same tokens) and each side's
 top-1 agreement with the target's greedy tokens.
 """
 
-import argparse
+import _cli
 import os
 import sys
 
@@ -78,10 +78,10 @@ def inference_side(target, drafter, spec, prompts, lens, r2t, zeros, slots: int,
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--head", default=None)
-    ap.add_argument("--num-prompts", type=int, default=4)
-    ap.add_argument("--new-tokens", type=int, default=64)
+    ap = _cli.parser("draft_consistency.py", __doc__)
+    ap.add_argument("--head", default=None, help="EAGLE-3 head directory (default: the shipped SmolLM2 head)")
+    ap.add_argument("--num-prompts", type=int, default=4, help="chat prompts compared")
+    ap.add_argument("--new-tokens", type=int, default=64, help="greedy reply tokens per prompt")
     ap.add_argument("--synth", action="store_true", help="also self-synthesized user turns (train_draft's recipe)")
     args = ap.parse_args(argv)
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -124,7 +124,7 @@ def main(argv=None):
             r = [int(x) for x in r]
             seq = np.concatenate([p, np.asarray(r, np.int32)])
             rs = len(p)
-            starts = tuple(range(rs, len(seq) - 2))  # prefix c: tokens[c] is the target's, d0 predicts tokens[c + 1]
+            starts = tuple(range(rs, len(seq) - 2))  # prefix c: tokens[c] is the target's, draft0 predicts tokens[c + 1]
             tr = np.asarray(f_train(state, seq))
             pr, ln, r2t = prefixes(seq, starts, spec, rows, width)
             drafts, first = f_inf(state, pr, ln, r2t, np.zeros((rows,), np.int32), int(r2t.max()) + 1)
@@ -142,7 +142,7 @@ def main(argv=None):
             tot += np.nan_to_num(row) * len(c)
             cnt += len(c)
             print(f"{name}[{k}] n={len(c):3d}  step0: train==infer {row[0]:.3f}  train acc {row[1]:.3f}  infer acc "
-                  f"{row[2]:.3f} | step1 (d0 right, n={int(sel.sum())}): train==infer {row[3]:.3f}  train acc "
+                  f"{row[2]:.3f} | step1 (draft0 right, n={int(sel.sum())}): train==infer {row[3]:.3f}  train acc "
                   f"{row[4]:.3f}  infer acc {row[5]:.3f}", flush=True)
             bad = np.flatnonzero(t0 != i0)[:8]
             if bad.size:

@@ -5,12 +5,12 @@
 SmolLM2 (f32) answers the demo's chat prompts greedily. Train side: ``jaxspec.train_draft.mtp_losses``' forward
 (step ``s`` at row ``t`` fed the step ``s - 1`` hidden and token ``t + s + 1``, predicting token ``t + s + 2``).
 Inference side: for every response prefix ``tokens[:c]``, the target's paged prefill and
-``MTPDrafter.extend_after_prefill`` (chain ``SpecConfig(3, 1, 4)``): the drafts ``d0, d1, d2``. Printed: per step,
-how often the two sides agree at row ``c - 1`` (step ``s > 0`` only where ``d0 .. d(s-1)`` are the true tokens, so
+``MTPDrafter.extend_after_prefill`` (chain ``SpecConfig(3, 1, 4)``): the drafts ``draft0, draft1, draft2``. Printed: per step,
+how often the two sides agree at row ``c - 1`` (step ``s > 0`` only where ``draft0 .. draft(s-1)`` are the true tokens, so
 both sides are fed the same tokens) and each side's agreement with the target's greedy tokens.
 """
 
-import argparse
+import _cli
 import os
 import sys
 
@@ -48,10 +48,10 @@ def inference_side(model, drafter, spec, prompts, lens, r2t, zeros, slots: int, 
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--head", default="jaxspec/assets/heads/smollm2-135m-instruct-mtp")
-    ap.add_argument("--num-prompts", type=int, default=3)
-    ap.add_argument("--new-tokens", type=int, default=64)
+    ap = _cli.parser("draft_mtp_consistency.py", __doc__)
+    ap.add_argument("--head", default="jaxspec/assets/heads/smollm2-135m-instruct-mtp", help="MTP head directory")
+    ap.add_argument("--num-prompts", type=int, default=3, help="chat prompts compared")
+    ap.add_argument("--new-tokens", type=int, default=64, help="greedy reply tokens per prompt")
     args = ap.parse_args(argv)
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     import jax

@@ -9,7 +9,7 @@ gives conversations it has not seen), greedy for the first half, T=0.7 for the r
 step (what training logs), then step 0's agreement by response-position bucket and by greedy / sampled rows.
 """
 
-import argparse
+import _cli
 import os
 import sys
 import tempfile
@@ -18,12 +18,12 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--head", default=None)
-    ap.add_argument("--num-prompts", type=int, default=8)
-    ap.add_argument("--response-len", type=int, default=256)
-    ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--ttt-length", type=int, default=3)
+    ap = _cli.parser("draft_train_metric.py", __doc__)
+    ap.add_argument("--head", default=None, help="EAGLE-3 head directory (default: the shipped SmolLM2 head)")
+    ap.add_argument("--num-prompts", type=int, default=8, help="conversations per set")
+    ap.add_argument("--response-len", type=int, default=256, help="reply tokens per conversation")
+    ap.add_argument("--seed", type=int, default=1, help="data seed (training used 0: 1 gives unseen conversations)")
+    ap.add_argument("--ttt-length", type=int, default=3, help="draft steps measured")
     ap.add_argument("--out", default=None, help="data folder (default: a temporary one)")
     ap.add_argument("--sets", default="train-like,chat,chat-user-only",
                     help="comma-separated: train-like, chat (the demo's prompts in SmolLM2's chat template, which "

@@ -129,18 +129,18 @@ def test_step1_is_sglangs_draft_decode_and_training_is_specforges(pair):
     emb = target.embed_tokens[...].astype(jnp.float32)
     step0_in = emb[np.roll(tokens, -1)][None]  # row t fed token t + 1
     for i, c in enumerate(starts):
-        d0 = int(drafts[i, 0])
+        draft0 = int(drafts[i, 0])
         h_last = jnp.asarray(st.hidden[i])[None, None]
         # SGLang: step 1 at position c over the committed rows 0 .. c - 1 and itself
-        e = jnp.concatenate([step0_in[:, :c], emb[d0][None, None]], 1)
+        e = jnp.concatenate([step0_in[:, :c], emb[draft0][None, None]], 1)
         h = jnp.concatenate([h0[:, :c], h_last], 1)
         out = _dense(head, e, h, np.arange(c + 1))[-1]
         assert ids[int(jnp.argmax(head.logits(out)))] == drafts[i, 1]
-        # SpecForge: step 1 of row c - 1 (fed d0 in place of token c + 1) at position c - 1 over rows 0 .. c - 2
+        # SpecForge: step 1 of row c - 1 (fed draft0 in place of token c + 1) at position c - 1 over rows 0 .. c - 2
         seq = tokens.copy()
-        seq[c + 1] = d0
+        seq[c + 1] = draft0
         _, (_, step1) = eagle3_step_logits(head, target, jnp.asarray(seq)[None], 2)
-        e = jnp.concatenate([step0_in[:, :c - 1], emb[d0][None, None]], 1)
+        e = jnp.concatenate([step0_in[:, :c - 1], emb[draft0][None, None]], 1)
         h = jnp.concatenate([h0[:, :c - 1], h_last], 1)
         ref = head.logits(_dense(head, e, h, np.arange(c))[-1])
         np.testing.assert_allclose(np.asarray(step1[0, c - 1]), np.asarray(ref), **TOL)
