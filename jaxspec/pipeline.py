@@ -33,6 +33,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int32
 
 from jaxspec.config import SpecConfig
+from jaxspec.kernels import Implementation
 from jaxspec.kernels.cache_locs import assign_extend_cache_locs_uniform
 from jaxspec.kernels.kv_move import compact_accept_to_front, move_accept_tokens_to_target_kvcache
 from jaxspec.ops.accept import eagle_sample, fill_bonus_tokens, sampling_probs
@@ -152,7 +153,7 @@ def _metadata(positions, qmask, prefix_lens, table, write_locs, page_size, imple
 def prefill_metadata(
     prompt_lens: Int32[Array, " B"], req_to_token: Int32[Array, "R W"], width: int, *, page_size: int,
     prefix_lens: Int32[Array, " B"] | None = None, req_pool_indices: Int32[Array, " B"] | None = None,
-    implementation: str = "auto", interpret: bool = False,
+    implementation: Implementation = "auto", interpret: bool = False,
 ) -> AttentionMetadata:
     """Metadata of a prefill over right-padded prompts ``(B, width)``: causal, prompt token ``j`` of row ``r``
     at position ``prefix_lens[r] + j`` and written to ``req_to_token[r, prefix_lens[r] + j]``, padding to slot
@@ -177,7 +178,7 @@ def prefill_metadata(
 
 def decode_metadata(
     seq_lens: Int32[Array, " B"], req_to_token: Int32[Array, "R W"], *, page_size: int,
-    req_pool_indices: Int32[Array, " B"] | None = None, write: bool = True, implementation: str = "auto",
+    req_pool_indices: Int32[Array, " B"] | None = None, write: bool = True, implementation: Implementation = "auto",
     interpret: bool = False,
 ) -> AttentionMetadata:
     """Metadata of one token per row at position ``seq_lens`` over the committed prefix: the plain decode
@@ -190,7 +191,7 @@ def decode_metadata(
                      interpret)
 
 
-def root_metadata(seq_lens, req_to_token, *, page_size: int, req_pool_indices=None, implementation: str = "auto",
+def root_metadata(seq_lens, req_to_token, *, page_size: int, req_pool_indices=None, implementation: Implementation = "auto",
                   interpret: bool = False) -> AttentionMetadata:
     """``Drafter.propose``'s ``meta``: the root at position ``seq_lens``, nothing written."""
     return decode_metadata(seq_lens, req_to_token, page_size=page_size, req_pool_indices=req_pool_indices, write=False,
@@ -206,7 +207,7 @@ def plan_verify(
     *,
     page_size: int,
     req_pool_indices: Int32[Array, " B"] | None = None,
-    implementation: str = "auto",
+    implementation: Implementation = "auto",
     interpret: bool = False,
 ) -> VerifyPlan:
     """Build the verify tree and the verify forward's inputs (jittable).
@@ -330,7 +331,7 @@ def commit(
     *,
     hidden: Float[Array, "B N F"] | None = None,
     active: Bool[Array, " B"] | None = None,
-    implementation: str = "auto",
+    implementation: Implementation = "auto",
     interpret: bool = False,
 ) -> CommitOutput:
     """Verify ``plan``'s tree against the target and the bookkeeping after it (jittable).

@@ -22,6 +22,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxspec.kernels import Implementation
+
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
@@ -75,7 +77,7 @@ class AttentionMetadata:
     page_table: jax.Array
     write_locs: jax.Array | None = None
     page_size: int = dataclasses.field(default=1, metadata=dict(static=True))
-    implementation: str = dataclasses.field(default="auto", metadata=dict(static=True))
+    implementation: Implementation = dataclasses.field(default="auto", metadata=dict(static=True))
     interpret: bool = dataclasses.field(default=False, metadata=dict(static=True))
 
     def prefix_slots(self, width: int) -> jax.Array:

@@ -28,6 +28,7 @@ from jaxspec.engine.policy import AdaptivePolicy, PolicyState, init_policy_state
 from jaxspec.engine.simulate import SimulatedAccept
 from jaxspec.engine.state import DecodeState, EngineOptions
 from jaxspec.engine.step import draft_spec_max_accept
+from jaxspec.kernels import Implementation
 from jaxspec.kernels._dispatch import next_pow2
 from jaxspec.protocols import TargetModel, check_implements, make_req_to_token, num_pages_needed
 
@@ -98,7 +99,7 @@ class Engine:
         max_batch: int = 8,
         num_pages: int | None = None,
         eos_id: int | None = None,
-        implementation: str = "auto",
+        implementation: Implementation = "auto",
         interpret: bool = False,
         seed: int = 0,
         memory_limit_bytes: int | None = None,

@@ -9,6 +9,7 @@ import jax
 
 from jaxspec.config import SpecConfig
 from jaxspec.engine.policy import AdaptivePolicy, PolicyState
+from jaxspec.kernels import Implementation
 from jaxspec.protocols import PagedKVCache
 
 
@@ -32,7 +33,7 @@ class EngineOptions:
 
     specs: tuple[SpecConfig, ...] = ()
     page_size: int = 1
-    implementation: str = "auto"
+    implementation: Implementation = "auto"
     interpret: bool = False
     verify: str = "target_only"
     threshold_single: float = 1.0

@@ -29,6 +29,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from jaxspec.kernels import Implementation
 from jaxspec.models.eagle3 import EAGLE3Model, aux_layers_from_ids
 from jaxspec.ops.draft import DraftResults, fast_topk, organize_draft_results, select_top_k_tokens
 from jaxspec.protocols import AttentionMetadata, PagedKVCache
@@ -54,7 +55,7 @@ class EAGLE3Drafter(nnx.Module):
     ``Decoder(aux_layers=aux_layers_from_ids(model.cfg.aux_layer_ids, L))``. Any other target: pass
     ``embed`` (the ``[V, Ht]`` embedding, an ``nnx.Variable`` or array) and ``target=None``."""
 
-    def __init__(self, model: EAGLE3Model, target=None, *, embed=None, implementation: str = "auto",
+    def __init__(self, model: EAGLE3Model, target=None, *, embed=None, implementation: Implementation = "auto",
                  interpret: bool = False):
         if not isinstance(model, EAGLE3Model):
             raise ValueError(f"model: expected an EAGLE3Model, got {type(model).__name__}")

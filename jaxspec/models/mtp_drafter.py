@@ -36,6 +36,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxspec.kernels import Implementation
 from jaxspec.kernels.multi_layer_eagle import rotate_input_ids
 from jaxspec.ops.accept import sample_from_probs, sampling_probs
 from jaxspec.ops.draft import DraftResults, fast_topk, organize_draft_results, select_top_k_tokens
@@ -88,7 +89,7 @@ class MTPDrafter:
 
     head: object
     feature_size: int | None = dataclasses.field(default=None, metadata=dict(static=True))
-    implementation: str = dataclasses.field(default="auto", metadata=dict(static=True))
+    implementation: Implementation = dataclasses.field(default="auto", metadata=dict(static=True))
     interpret: bool = dataclasses.field(default=False, metadata=dict(static=True))
     sample_drafts: bool = dataclasses.field(default=False, metadata=dict(static=True))
 

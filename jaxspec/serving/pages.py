@@ -23,6 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxspec.engine.compiled import _checked
+from jaxspec.kernels import Implementation
 from jaxspec.kernels.block_table import pack_block_table_update
 from jaxspec.kernels.paged_cache_locs import compute_out_cache_loc_uniform, update_req_to_page
 from jaxspec.protocols import PagedKVCache
@@ -102,7 +103,7 @@ def _set_tables(tree, req_to_token):
 
 
 def refresh_tables(state, req_to_page, rpi, pages, num, starts, stop, *, page_size: int, max_context: int,
-                   implementation: str, interpret: bool):
+                   implementation: Implementation, interpret: bool):
     """Apply a packed refresh (``pack_rows``) to ``req_to_page`` (``update_req_to_page``), rebuild the token
     table of every cache in ``state`` from it (``compute_out_cache_loc_uniform`` over positions ``0..W-1``), and
     mark the rows of ``stop bool[B]`` done (aborted requests). Pure and jittable (``refresh_fn``); returns
@@ -117,7 +118,7 @@ def refresh_tables(state, req_to_page, rpi, pages, num, starts, stop, *, page_si
 
 
 @functools.lru_cache(maxsize=64)
-def refresh_fn(page_size: int, max_context: int, implementation: str, interpret: bool, checks: bool):
+def refresh_fn(page_size: int, max_context: int, implementation: Implementation, interpret: bool, checks: bool):
     """``refresh_tables`` jitted for one static key (``state`` and ``req_to_page`` donated); with ``checks`` the
     kernels' in-jit checks are functionalised (``engine.compiled._checked``: returns ``(error, out)``)."""
     fn = functools.partial(refresh_tables, page_size=page_size, max_context=max_context,
