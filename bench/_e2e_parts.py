@@ -15,7 +15,7 @@ def _models_fn(eng):
     import jax
     from flax import nnx
 
-    graphdef, treedef = eng.graphdef, eng._treedef
+    graphdef, treedef = eng.graphdef, eng.treedef
 
     def models(params):
         return nnx.merge(graphdef, jax.tree.unflatten(treedef, params))

@@ -227,8 +227,8 @@ def test_no_recompile_as_requests_join_and_leave():
     ids, streamed = _run(se, schedule, aborts=((2, 3),))
     assert COMPILES.count == before, COMPILES.count - before
     eng = se.engine
-    assert _decode_fn(eng.graphdef, eng._treedef, eng.opts, False)._cache_size() == 1
-    assert _insert_fn(eng.graphdef, eng._treedef, eng.opts, False)._cache_size() == 3  # buckets 8, 16, 32
+    assert _decode_fn(eng.graphdef, eng.treedef, eng.opts, False)._cache_size() == 1
+    assert _insert_fn(eng.graphdef, eng.treedef, eng.opts, False)._cache_size() == 3  # buckets 8, 16, 32
     _check_outputs(se, schedule, ids, streamed, aborts=((2, 3),))
 
 
@@ -291,7 +291,7 @@ def test_several_rounds_per_step():
                 (2, _prompt(54, 5), 3), (3, _prompt(55, 12), 36)]
     ids, streamed = _run(se, schedule)
     _check_outputs(se, schedule, ids, streamed)
-    assert _decode_fn(eng.graphdef, eng._treedef, eng.opts, False)._cache_size() == 1
+    assert _decode_fn(eng.graphdef, eng.treedef, eng.opts, False)._cache_size() == 1
     se = ServingEngine(eng, rounds_per_step=4)
     short = se.add_request(np.array(_prompt(56, 4), np.int32), 2)  # its first round ends it
     long = se.add_request(np.array(_prompt(57, 4), np.int32), 40)

@@ -24,7 +24,7 @@ class EntryPoints(NamedTuple):
     decode: object
 
 
-def _checked(fn, checks: bool):
+def functionalize_checks(fn, checks: bool):
     """With checks on, functionalise the ``checkify.check``s traced into the kernels (``JAXSPEC_CHECKS``):
     the jitted function then returns ``(error, out)`` and the caller raises before reading ``out``."""
     return checkify.checkify(fn, errors=checkify.user_checks) if checks else fn
@@ -55,9 +55,9 @@ def entry_points(graphdef, treedef, opts: EngineOptions, checks: bool) -> EntryP
         return decode_loop(*_models(params), opts, state, force_mode, max_rounds)
 
     return EntryPoints(
-        prefill=jax.jit(_checked(_prefill, checks), donate_argnums=(1,)),
-        step=jax.jit(_checked(_step, checks), donate_argnums=(1,)),
-        decode=jax.jit(_checked(_decode, checks), donate_argnums=(1,)),
+        prefill=jax.jit(functionalize_checks(_prefill, checks), donate_argnums=(1,)),
+        step=jax.jit(functionalize_checks(_step, checks), donate_argnums=(1,)),
+        decode=jax.jit(functionalize_checks(_decode, checks), donate_argnums=(1,)),
     )
 
 

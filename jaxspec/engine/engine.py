@@ -136,7 +136,7 @@ class Engine:
         self.pool_bytes = check_pool_bytes(  # drafter.kv_bytes_per_slot also checks spec
             target, drafter, self.opts.specs, num_pages=self.num_pages, page_size=page_size,
             max_batch=max_batch, max_context=max_context, limit=args["memory_limit_bytes"])
-        self.graphdef, self._treedef, self.params = split_models(target, drafter)
+        self.graphdef, self.treedef, self.params = split_models(target, drafter)
         self._entries: dict[bool, EntryPoints] = {}  # checks -> jitted entry points (_entry_points)
 
     # ---------------------------------------------------------------- host-side preparation
@@ -179,7 +179,7 @@ class Engine:
         """This engine's jitted entry points (``compiled.entry_points``, looked up once per checks setting: its
         key hashes the GraphDef, milliseconds per lookup)."""
         if checks not in self._entries:
-            self._entries[checks] = entry_points(self.graphdef, self._treedef, self.opts, checks)
+            self._entries[checks] = entry_points(self.graphdef, self.treedef, self.opts, checks)
         return self._entries[checks]
 
     def _call(self, name, *args):

@@ -54,7 +54,7 @@ from flax import nnx
 from jaxspec._validate import checks_enabled
 from jaxspec.engine import Engine
 from jaxspec.engine.checks import check_prompts, check_sampling
-from jaxspec.engine.compiled import _checked
+from jaxspec.engine.compiled import functionalize_checks
 from jaxspec.engine.memory import allocate_state, prompt_bucket
 from jaxspec.engine.state import DecodeState, EngineOptions, SamplingParams
 from jaxspec.engine.step import decode_step, prefill
@@ -168,7 +168,7 @@ def _insert_fn(graphdef, treedef, opts: EngineOptions, checks: bool):
             sampling=SamplingParams(*sampling))
         return _write_row(state, prefill(target, drafter, opts, sub, prompt, length), slot)
 
-    return jax.jit(_checked(insert, checks), donate_argnums=(1,))
+    return jax.jit(functionalize_checks(insert, checks), donate_argnums=(1,))
 
 
 @functools.lru_cache(maxsize=64)
@@ -187,7 +187,7 @@ def _decode_fn(graphdef, treedef, opts: EngineOptions, checks: bool):
         body = lambda c: (decode_step(target, drafter, opts, c[0]), c[1] + 1)  # noqa: E731
         return jax.lax.while_loop(live, body, (state, jnp.int32(0)))[0]
 
-    return jax.jit(_checked(decode, checks), donate_argnums=(1,))
+    return jax.jit(functionalize_checks(decode, checks), donate_argnums=(1,))
 
 
 class ServingEngine:
@@ -362,7 +362,7 @@ class ServingEngine:
             if req not in admitted:
                 self._grow(req, self._seq_lens[req.slot] + r * n)
         self._refresh()
-        entry = _insert_fn(self.engine.graphdef, self.engine._treedef, self.engine.opts, checks_enabled())
+        entry = _insert_fn(self.engine.graphdef, self.engine.treedef, self.engine.opts, checks_enabled())
         for req in admitted:
             p = prompt_bucket(req.prompt.size, self.max_context)
             prompt = np.zeros((1, p), np.int32)
@@ -373,7 +373,7 @@ class ServingEngine:
             self._state = self._call(entry, self.engine.params, self._state, *args)
         if not self.scheduler.running:
             return []
-        decode = _decode_fn(self.engine.graphdef, self.engine._treedef, self.engine.opts, checks_enabled())
+        decode = _decode_fn(self.engine.graphdef, self.engine.treedef, self.engine.opts, checks_enabled())
         self._state = self._call(decode, self.engine.params, self._state, jax.device_put(np.int32(r)))
         done, num, seq, out = jax.device_get((self._state.done, self._state.num_generated, self._state.seq_lens,
                                               self._state.out_tokens))

@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxspec.engine.compiled import _checked
+from jaxspec.engine.compiled import functionalize_checks
 from jaxspec.kernels import Implementation
 from jaxspec.kernels.block_table import pack_block_table_update
 from jaxspec.kernels.paged_cache_locs import compute_out_cache_loc_uniform, update_req_to_page
@@ -120,7 +120,7 @@ def refresh_tables(state, req_to_page, rpi, pages, num, starts, stop, *, page_si
 @functools.lru_cache(maxsize=64)
 def refresh_fn(page_size: int, max_context: int, implementation: Implementation, interpret: bool, checks: bool):
     """``refresh_tables`` jitted for one static key (``state`` and ``req_to_page`` donated); with ``checks`` the
-    kernels' in-jit checks are functionalised (``engine.compiled._checked``: returns ``(error, out)``)."""
+    kernels' in-jit checks are functionalised (``engine.compiled.functionalize_checks``: returns ``(error, out)``)."""
     fn = functools.partial(refresh_tables, page_size=page_size, max_context=max_context,
                            implementation=implementation, interpret=interpret)
-    return jax.jit(_checked(fn, checks), donate_argnums=(0, 1))
+    return jax.jit(functionalize_checks(fn, checks), donate_argnums=(0, 1))
