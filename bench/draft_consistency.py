@@ -101,9 +101,9 @@ def main(argv=None):
     sets = {"chat": [np.asarray(p, np.int32) for p in setup.prompts]}
     if args.synth:
         from jaxspec.models import fetch_model
-        from jaxspec.train_draft import chatml_ids_from_gguf
+        from jaxspec.train_draft import chatml_ids
 
-        user, asst, _ = chatml_ids_from_gguf(str(fetch_model("smollm2-135m-instruct", quiet=True)))
+        user, asst, _ = chatml_ids(str(fetch_model("smollm2-135m-instruct", quiet=True)))
         users = eng.generate([np.asarray(user, np.int32)] * args.num_prompts, 48, temperature=1.0, top_p=0.95,
                              seed=list(range(args.num_prompts)))
         synth = []

@@ -39,13 +39,13 @@ def main(argv=None):
     from jaxspec.demo import PROMPTS, load_model_setup
     from jaxspec.engine import Engine
     from jaxspec.models import fetch_model
-    from jaxspec.train_draft import (_shift, chatml_ids_from_gguf, eagle3_losses, eagle3_step_logits,
+    from jaxspec.train_draft import (_shift, chatml_ids, eagle3_losses, eagle3_step_logits,
                                      generate_data, load_data, response_mask)
 
     setup = load_model_setup(args.head, len(PROMPTS))
     target, head = setup.target, setup.drafter.model
     want = set(args.sets.split(","))
-    user, asst, eot = chatml_ids_from_gguf(str(fetch_model("smollm2-135m-instruct", quiet=True)))
+    user, asst, eot = chatml_ids(str(fetch_model("smollm2-135m-instruct", quiet=True)))
     sets = {}
     if "train-like" in want:
         out = args.out or tempfile.mkdtemp(prefix="draft_metric_")

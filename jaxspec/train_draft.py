@@ -58,36 +58,18 @@ _CHATML_ASSISTANT = "<|im_end|>\n<|im_start|>assistant\n"
 
 
 # ------------------------------------------------------------------------------------------- chat ids
-def chatml_ids_from_gguf(path: str) -> tuple[list[int], list[int], int]:
-    """``(user_prefix_ids, assistant_prefix_ids, end_of_turn_id)`` of a ChatML GGUF (``<|im_start|>`` /
-    ``<|im_end|>``), the plain text between them encoded with the file's byte-level BPE (``tokenizers``)."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
+def chatml_ids(path: str) -> tuple[list[int], list[int], int]:
+    """``(user_prefix_ids, assistant_prefix_ids, end_of_turn_id)`` of a ChatML checkpoint (``<|im_start|>`` /
+    ``<|im_end|>``: a GGUF or a directory), encoded with the checkpoint's own tokenizer (``jaxspec.text``)."""
+    from jaxspec.text import Tokenizer  # noqa: PLC0415
 
-    from jaxspec.text._gguf_meta import read_gguf_metadata
-
-    meta = read_gguf_metadata(path, prefixes=("tokenizer.",))
-    toks = list(meta["tokenizer.ggml.tokens"])
-    ids = {t: i for i, t in enumerate(toks)}
-    if "<|im_start|>" not in ids or "<|im_end|>" not in ids:
+    tok = Tokenizer.from_file(path)
+    start, end = tok.token_to_id("<|im_start|>"), tok.token_to_id("<|im_end|>")
+    if start is None or end is None:
         raise ValueError(f"{path}: not a ChatML vocabulary (no <|im_start|> / <|im_end|>): give --user-prefix-ids, "
                          "--assistant-prefix-ids and --eot-id")
-    merges = [tuple(m.split(" ", 1)) for m in meta["tokenizer.ggml.merges"]]
-    bpe = Tokenizer(models.BPE(vocab=ids, merges=merges))
-    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-
-    def enc(text):
-        out = []
-        for i, part in enumerate(text.split("<|im_start|>")):
-            if i:
-                out.append(ids["<|im_start|>"])
-            for j, sub in enumerate(part.split("<|im_end|>")):
-                if j:
-                    out.append(ids["<|im_end|>"])
-                if sub:
-                    out.extend(bpe.encode(sub).ids)
-        return out
-
-    return enc(_CHATML_USER), enc(_CHATML_ASSISTANT), ids["<|im_end|>"]
+    return (tok.encode(_CHATML_USER, add_special_tokens=False), tok.encode(_CHATML_ASSISTANT, add_special_tokens=False),
+            end)
 
 
 def _ids(s: str | None):
@@ -502,7 +484,7 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--greedy-fraction", type=float, default=0.5)
     ap.add_argument("--temperature", type=float, default=0.7, help="sampled responses' temperature")
     ap.add_argument("--prompt-temperature", type=float, default=1.0)
-    ap.add_argument("--user-prefix-ids", help="comma-separated ids (default: ChatML from the GGUF vocabulary)")
+    ap.add_argument("--user-prefix-ids", help="comma-separated ids (default: ChatML from the checkpoint's tokenizer)")
     ap.add_argument("--assistant-prefix-ids", help="comma-separated ids between the user turn and the response")
     ap.add_argument("--eot-id", type=int, help="end-of-turn token id")
     ap.add_argument("--steps", type=int, default=2000)
@@ -540,7 +522,7 @@ def main(argv=None):
     if args.stage in ("data", "all"):
         user, asst, eot = _ids(args.user_prefix_ids), _ids(args.assistant_prefix_ids), args.eot_id
         if user is None or asst is None or eot is None:
-            g_user, g_asst, g_eot = chatml_ids_from_gguf(args.target)
+            g_user, g_asst, g_eot = chatml_ids(args.target)
             user, asst, eot = user or g_user, asst or g_asst, g_eot if eot is None else eot
         generate_data(target, args.out, num_prompts=args.num_prompts, prompt_len=args.prompt_len,
                       response_len=args.response_len, gen_batch=args.gen_batch, user_prefix=user,

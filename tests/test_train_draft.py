@@ -123,3 +123,14 @@ def test_resume_gives_the_state_of_an_uninterrupted_run(data_dir, target_dir, tm
     for k in fa:  # same batches, same optimizer state: the same arithmetic, bit for bit on one machine
         np.testing.assert_array_equal(np.asarray(fa[k]), np.asarray(fb[k]), err_msg=k)
     assert ha["loss"] == hb["loss"]
+
+
+@pytest.mark.slow
+def test_chatml_ids_of_smollm2():
+    """The ChatML user / assistant prefixes and end-of-turn id the data stage gives SmolLM2 (the ids its shipped heads
+    were trained with), from the GGUF's own tokenizer; a vocabulary without ChatML tokens is refused."""
+    from jaxspec.models.fetch import fetch_model
+    from jaxspec.train_draft import chatml_ids
+
+    path = str(fetch_model("smollm2-135m-instruct", quiet=True))
+    assert chatml_ids(path) == ([1, 4093, 198], [2, 198, 1, 520, 9531, 198], 2)
