@@ -1,4 +1,5 @@
-"""Random-input generators shared by jaxspec's tests, the interop harness and the benchmarks (NumPy, host side)."""
+"""Random-input generators shared by jaxspec's tests, the interop harness and the benchmarks (NumPy, host side), and a
+counter of XLA compiles for tests that show a loop is not recompiled."""
 
 import dataclasses
 from typing import NamedTuple
@@ -293,3 +294,18 @@ def random_tree_qmask(rng: np.random.Generator, batch: int, n: int) -> np.ndarra
                 qm[b, t, a] = True
                 a = parent[a]
     return qm
+
+
+class CompileCounter:
+    """Counts XLA backend compiles from its creation on (jax's ``/jax/core/compile/backend_compile_duration``
+    event): read ``count`` before and after a call to see how many executables it compiled."""
+
+    def __init__(self):
+        import jax  # noqa: PLC0415 (the rest of this module is NumPy only)
+
+        self.count = 0
+        jax.monitoring.register_event_duration_secs_listener(self._on_event)
+
+    def _on_event(self, event, duration, **_):
+        if event == "/jax/core/compile/backend_compile_duration":
+            self.count += 1

@@ -13,6 +13,7 @@ from jax.extend import core as jcore
 from jaxspec.engine import Engine
 from jaxspec.engine.memory import prompt_bucket
 from jaxspec.models import Decoder, DecoderConfig
+from jaxspec.testing import CompileCounter
 
 CFG = DecoderConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                     num_attention_heads=2, num_key_value_heads=1, head_dim=16)
@@ -24,19 +25,7 @@ def model():
     return Decoder(CFG, rngs=nnx.Rngs(3), param_dtype=jnp.float32, kv_dtype=jnp.float32)
 
 
-class _Compiles:
-    """Counts XLA backend compiles while active (jax's compile-duration event)."""
-
-    def __init__(self):
-        self.count = 0
-        jax.monitoring.register_event_duration_secs_listener(self._on_event)
-
-    def _on_event(self, event, duration, **_):
-        if event == "/jax/core/compile/backend_compile_duration":
-            self.count += 1
-
-
-COMPILES = _Compiles()
+COMPILES = CompileCounter()
 
 
 def test_prompt_buckets():

@@ -24,6 +24,7 @@ from jaxspec.models import DEFAULT_WEIGHTS, MTPDrafter, load_pair
 from jaxspec.protocols import PagedKVCache
 from jaxspec.serving import PagePool, ServingEngine
 from jaxspec.serving.core import _decode_fn, _insert_fn
+from jaxspec.testing import CompileCounter
 
 W = 64
 SLOTS = 4
@@ -34,19 +35,7 @@ NUM_PAGES = {1: 100, 16: 7}
 SPECS = {"plain": None, "chain": CHAIN, "tree": TREE}
 
 
-class _Compiles:
-    """Counts XLA backend compiles while active (jax's compile-duration event)."""
-
-    def __init__(self):
-        self.count = 0
-        jax.monitoring.register_event_duration_secs_listener(self._on_event)
-
-    def _on_event(self, event, duration, **_):
-        if event == "/jax/core/compile/backend_compile_duration":
-            self.count += 1
-
-
-COMPILES = _Compiles()
+COMPILES = CompileCounter()
 _CACHE: dict = {}
 
 
