@@ -14,6 +14,7 @@ from jaxspec.corpus import make_stream
 from jaxspec.models import DEFAULT_WEIGHTS, DEMO_PAIR_CONFIG, DEMO_WEIGHTS, MockVocab, MTPModel, load_pair
 from jaxspec.models.io import load_meta
 from jaxspec.train_tiny import accuracies
+from test_demo import demo_table
 
 
 def _dir_bytes(path):
@@ -40,18 +41,6 @@ def test_demo_pair_trained():
     assert acc.shape == (1 + s,) and acc.min() > 0.8, acc
 
 
-def _table(out: str) -> dict:
-    lines = out.splitlines()
-    head = next(i for i, line in enumerate(lines) if line.split()[:1] == ["mode"])
-    rows = {}
-    for line in lines[head + 1:]:
-        if not line.strip():
-            break
-        mode, accept, tok_s, run_s, compile_s, median_s = line.split()
-        rows[mode] = (float(accept), float(tok_s), float(run_s), float(compile_s), float(median_s))
-    return rows
-
-
 @pytest.mark.slow  # compiles plain and chain decoding of the 24-layer pair and its breakdown (~1 min on a shared CPU)
 def test_demo_runs_lossless(capsys, monkeypatch):
     """The demo end to end (chain only, to keep the compiles few; the tree path is the engine's, tested on the
@@ -62,7 +51,7 @@ def test_demo_runs_lossless(capsys, monkeypatch):
                       "--repeats", "3"]) == 0
     out = capsys.readouterr().out
     assert "outputs identical" in out and "DIFFER" not in out
-    rows = _table(out)
+    rows = demo_table(out)
     assert list(rows) == ["plain", "chain"]
     assert rows["plain"][0] == 1.0 and rows["chain"][0] > 2.5  # trained drafts: most of each draft accepted
     assert all(r[1] > 0 and 0 < r[2] <= r[4] for r in rows.values())  # run s: the fastest run, <= the median
