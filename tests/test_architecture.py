@@ -19,6 +19,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 KERNELS, INTEROP = "jaxspec.kernels", "jaxspec.interop"
 INTEROP_ONLY = ("torch", "triton", "transformers")  # third-party packages only the interop layer may import
+SERVE, SERVE_ONLY = "jaxspec.serve", ("aiohttp",)  # the HTTP stack: only the server package imports it
 
 
 def _in(mod: str, pkg: str) -> bool:
@@ -79,8 +80,8 @@ def layer(mod: str) -> int:
 
 
 def layer_violations(sources) -> list[str]:
-    """An import of a higher layer's module (kernels -> core or interop, core -> interop), or of torch / triton /
-    transformers outside the interop layer."""
+    """An import of a higher layer's module (kernels -> core or interop, core -> interop), of torch / triton /
+    transformers outside the interop layer, or of aiohttp outside jaxspec.serve."""
     bad = []
     for name, (path, _) in sorted(sources.items()):
         for line, mod in imports(name, sources):
@@ -88,6 +89,8 @@ def layer_violations(sources) -> list[str]:
                 bad.append(f"{path}:{line} ({name}) imports {mod}, a layer above it")
             if layer(name) < 2 and any(_in(mod, p) for p in INTEROP_ONLY):
                 bad.append(f"{path}:{line} imports {mod} outside jaxspec.interop")
+            if not _in(name, SERVE) and any(_in(mod, p) for p in SERVE_ONLY):
+                bad.append(f"{path}:{line} imports {mod} outside jaxspec.serve")
     return bad
 
 
@@ -279,6 +282,7 @@ PLANTED = [  # (rule, module, planted source, what the violation names)
     ("layers", "jaxspec.engine.engine", "from jaxspec.interop import harness", "a layer above it"),
     ("layers", "jaxspec.models.decoder", "import torch", "outside jaxspec.interop"),
     ("layers", "jaxspec.kernels._triton", "import triton.language as tl", "outside jaxspec.interop"),
+    ("layers", "jaxspec.serving.core", "from aiohttp import web", "outside jaxspec.serve"),
     ("cycles", "jaxspec.kernels._attention_parts", "from jaxspec.kernels import paged_attention",
      "jaxspec.kernels._attention_parts <-> jaxspec.kernels.paged_attention"),
     ("cycles", "jaxspec.kernels._validate", "def f():\n    from . import _dispatch", "jaxspec.kernels._dispatch"),

@@ -1,0 +1,102 @@
+"""``python -m jaxspec.serve`` / ``jaxspec-serve``: load a model (and a draft head), build the serving core, and
+serve it over HTTP (``jaxspec.serve.app``) until interrupted. Prints one line when ready: the URL."""
+
+import argparse
+
+
+def _spec(s: str):
+    parts = s.split(",")
+    if len(parts) != 3 or not all(p.strip().isdigit() for p in parts):
+        raise argparse.ArgumentTypeError(f"expected STEPS,TOPK,TOKENS (three ints), got {s!r}")
+    return tuple(int(p) for p in parts)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m jaxspec.serve",
+                                description="An OpenAI-compatible HTTP server (/v1/chat/completions, "
+                                            "/v1/completions, /v1/models, /health, /metrics) over jaxspec's "
+                                            "continuous-batching core, with speculative decoding.",
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--model", required=True, help="a checkpoint directory, a .gguf file or a registered name "
+                                                  "(e.g. smollm2-135m-instruct, fetched once)")
+    p.add_argument("--draft", help="a draft head directory (EAGLE-3 or MTP); without it: plain decoding")
+    p.add_argument("--draft-kind", choices=("eagle3", "mtp"), help="the head's kind (default: read from --draft)")
+    p.add_argument("--spec", type=_spec, action="append",
+                   help="a draft shape STEPS,TOPK,TOKENS (repeat for several, with --adaptive); default 3,1,4")
+    p.add_argument("--adaptive", action="store_true", help="pick among the --spec shapes (and plain) per round")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--max-batch", type=int, default=8, help="batch slots")
+    p.add_argument("--max-context", type=int, default=2048, help="tokens per request (prompt + reply)")
+    p.add_argument("--page-size", type=int, default=16, help="KV page size in tokens")
+    p.add_argument("--num-pages", type=int, help="KV pool in pages (default: max-batch full requests)")
+    p.add_argument("--rounds-per-step", type=int, default=4, help="decode rounds per serving step")
+    p.add_argument("--max-prefill-tokens", type=int, help="prompt tokens prefilled per step (default: the core's)")
+    p.add_argument("--dtype", choices=("bf16", "f32"), default="f32", help="weight dtype")
+    p.add_argument("--served-model-name", help="the name clients send as `model` (default: --model)")
+    return p
+
+
+def build(args):
+    """``(serving_engine, tokenizer, model_name)`` for parsed ``args``."""
+    import os  # noqa: PLC0415
+
+    import jax.numpy as jnp  # noqa: PLC0415
+
+    from jaxspec.config import SpecConfig  # noqa: PLC0415
+    from jaxspec.demo import head_kind  # noqa: PLC0415
+    from jaxspec.engine import Engine  # noqa: PLC0415
+    from jaxspec.models import (EAGLE3Drafter, MTPDrafter, aux_layers_from_ids, fetch,  # noqa: PLC0415
+                                load_eagle3, load_model)
+    from jaxspec.serving import ServingEngine  # noqa: PLC0415
+    from jaxspec.text import Tokenizer  # noqa: PLC0415
+
+    path = str(fetch.fetch_model(args.model, quiet=True)) if args.model in fetch.MODELS else args.model
+    if not os.path.exists(path):
+        raise SystemExit(f"--model: {args.model!r} is neither a registered name ({sorted(fetch.MODELS)}) nor a path")
+    dtype = jnp.bfloat16 if args.dtype == "bf16" else jnp.float32
+    tok = Tokenizer.from_file(path)
+    drafter, spec = None, None
+    if args.draft is None:
+        target = load_model(path, param_dtype=dtype, mtp=False)
+    elif (args.draft_kind or head_kind(args.draft)) == "eagle3":
+        from jaxspec.models.checkpoint import read_config  # noqa: PLC0415
+        from jaxspec.models.gguf import is_gguf, read_gguf_config  # noqa: PLC0415
+
+        n = (read_gguf_config(path) if is_gguf(path) else read_config(path)).num_hidden_layers
+        draft = load_eagle3(args.draft, num_target_layers=n)
+        target = load_model(path, param_dtype=dtype, aux_layers=aux_layers_from_ids(draft.cfg.aux_layer_ids, n))
+        drafter = EAGLE3Drafter(draft, target)
+    else:
+        from jaxspec.train_draft import load_mtp_head  # noqa: PLC0415
+
+        specs = args.spec or [(3, 1, 4)]
+        target = load_mtp_head(load_model(path, param_dtype=dtype, mtp=False), args.draft,
+                               num_draft_steps=max(s[0] for s in specs))
+        drafter = MTPDrafter(target)
+    if drafter is not None:
+        specs = [SpecConfig(*s) for s in (args.spec or [(3, 1, 4)])]
+        spec = specs if len(specs) > 1 else specs[0]
+    eng = Engine(target, drafter, spec=spec, max_context=args.max_context, page_size=args.page_size,
+                 max_batch=args.max_batch, num_pages=args.num_pages, adaptive=True if args.adaptive else None)
+    kw = {} if args.max_prefill_tokens is None else {"max_prefill_tokens": args.max_prefill_tokens}
+    se = ServingEngine(eng, rounds_per_step=args.rounds_per_step, sampling=True, **kw)
+    return se, tok, args.served_model_name or args.model
+
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
+    from aiohttp import web  # noqa: PLC0415
+
+    from jaxspec.serve.app import build_app  # noqa: PLC0415
+
+    se, tok, name = build(args)
+    app = build_app(se, tok, name)
+
+    async def ready(app):
+        print(f"jaxspec-serve: serving {name} on http://{args.host}:{args.port}", flush=True)
+
+    app.on_startup.append(ready)
+    web.run_app(app, host=args.host, port=args.port, print=None, handler_cancellation=True,
+                handle_signals=True, access_log=None)
+    return 0
