@@ -13,6 +13,7 @@
 #   drafters  bench/train_heads.sh: the self-distilled data, then the EAGLE-3 and MTP heads (resumable: a rerun
 #             continues where a cut-short one stopped; on one H200 the whole recipe needs two calls)
 #   real      bench/real_model.py (REAL_ARGS: its options; heads: $OUT/heads from drafters, else the shipped ones)
+#   serving   bench/serving.py (SERVING_ARGS: its options; the shipped EAGLE-3 head): $OUT/serving.json, .png
 set -uo pipefail
 cd "$(dirname "$0")/.."
 SRC=$PWD
@@ -48,6 +49,10 @@ for p in "$@"; do case $p in
     XLA_FLAGS="${XLA_FLAGS-$GPU_XLA_FLAGS}" run real ${REAL_TIMEOUT:-560} env -u TORCHDYNAMO_DISABLE python3 bench/real_model.py \
       --model $GGUF --questions "$IN/q/question.jsonl" --eagle3 "$E3" --mtp "$MTP" --json "$OUT/real_model.json" \
       --png "$OUT/real_model.png" ${REAL_ARGS:-} ;;
+  serving) site
+    XLA_FLAGS="${XLA_FLAGS-$GPU_XLA_FLAGS}" run serving ${SERVING_TIMEOUT:-540} python3 bench/serving.py \
+      --model $GGUF --questions "$IN/q/question.jsonl" --eagle3 "$SRC/jaxspec/assets/heads/smollm2-135m-instruct-eagle3" \
+      --budget-s ${SERVING_BUDGET:-480} --json "$OUT/serving.json" --png "$OUT/serving.png" ${SERVING_ARGS:-} ;;
   *) echo "unknown part $p"; fail=1 ;;
 esac; done
 exit $fail
