@@ -23,7 +23,7 @@ Modes (``--modes``):
   on batches of ``max_batch`` requests in arrival order, each batch waiting for its longest request. Its tokens
   arrive with the batch's end (no streaming): TTFT = latency = the batch's end; ITL / TPOT are not reported.
 * ``http``: the same load through ``python -m jaxspec.serve --model M --port P`` (a subprocess, plain decoding,
-  ``--http-args`` appended; ready when ``GET /health`` answers 200): streaming ``POST /v1/completions`` with the
+  the plain engine's max batch, context, page size and rounds per step, ``--http-args`` appended; ready when ``GET /health`` answers 200): streaming ``POST /v1/completions`` with the
   prompt as token ids, ``max_tokens``, ``temperature`` 0, ``stream_options.include_usage``; one client thread per
   request (the standard library's ``http.client``). Against ``plain`` it measures the HTTP layer's own cost.
 
@@ -592,9 +592,14 @@ def main(argv=None) -> int:
         elif mode == "http":
             server = None
             try:
-                model = args.model if not args.tiny else "tiny"
+                from jaxspec.models import DEFAULT_WEIGHTS
+
+                model = DEFAULT_WEIGHTS if args.tiny else args.model
                 log = (args.json or "serving.json") + ".server.log"
-                server = Server(model, args.port, args.http_args.split(), args.http_start_s, log)
+                same = ["--max-batch", str(args.max_batch), "--max-context", str(setup.engine("plain").max_context),
+                        "--page-size", str(args.page_size), "--rounds-per-step", str(args.rounds),
+                        "--dtype", "bf16" if args.dtype == "bfloat16" else "f32"]
+                server = Server(model, args.port, same + args.http_args.split(), args.http_start_s, log)
                 run_mode(run, setup, mode, http_rates, args, http_server=server)
             except Exception as e:  # noqa: BLE001
                 traceback.print_exc()
