@@ -238,8 +238,11 @@ def _round_accept(old: DecodeState, new: DecodeState) -> jax.Array:
     return jnp.sum(new.num_accepted - old.num_accepted).astype(jnp.float32) / jnp.maximum(rounds, 1.0)
 
 
-def decode_loop(target, drafter, opts: EngineOptions, state: DecodeState, force_mode=None, max_rounds=None):
-    """The compiled decode loop: rounds until every request is done (or ``max_rounds``, traced ``i32[]``).
+def decode_loop(target, drafter, opts: EngineOptions, state: DecodeState, force_mode=None, max_rounds=None,
+                until=None):
+    """The compiled decode loop: rounds until every request is done (or ``max_rounds``, traced ``i32[]``, or
+    ``until(state)`` is true: a traced ``bool[]`` predicate checked before every round, e.g. the serving core's
+    "a request that was running has finished").
 
     Adaptive engines run it as segments: the body of an outer ``while_loop`` is one inner ``while_loop`` per
     mode, in mode order, each running that mode's rounds while the policy (or ``force_mode``, traced, ``-1`` =
@@ -248,7 +251,10 @@ def decode_loop(target, drafter, opts: EngineOptions, state: DecodeState, force_
     carries (whole KV pools, measured), while loops alias their carry, so each segment is the fixed-shape
     loop of its mode."""
     limit = jnp.int32(2**31 - 1) if max_rounds is None else max_rounds
-    live = lambda c: ~jnp.all(c[0].done) & (c[1] < limit)  # noqa: E731
+    if until is None:
+        live = lambda c: ~jnp.all(c[0].done) & (c[1] < limit)  # noqa: E731
+    else:
+        live = lambda c: ~jnp.all(c[0].done) & (c[1] < limit) & ~until(c[0])  # noqa: E731
     if opts.adaptive is None:
         return jax.lax.while_loop(live, lambda c: (decode_step(target, drafter, opts, c[0]), c[1] + 1), (state, 0))[0]
     forced = jnp.int32(-1) if force_mode is None else force_mode

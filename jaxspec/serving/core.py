@@ -12,10 +12,10 @@ of two), one ``DecodeState`` of that shape over the engine's KV pool (target and
    ``update_req_to_page`` and turned into the token table with ``compute_out_cache_loc_uniform``;
 3. **prefill** of each admitted request into its slot (``insert``: the engine's ``prefill`` on a one-row view
    of the state, written back into the slot; JetStream's ``prefill`` + ``insert``), the other slots untouched;
-4. **decode**: up to ``R`` rounds (``rounds_per_step``) in one device ``while_loop`` over the engine's round
-   (``engine.step.decode_step``: ``plain_step`` or ``spec_step`` over all slots; empty and finished slots are
-   done rows, frozen, their table rows on the dummy page as the engine's padding rows), left as soon as a
-   running request finishes (its slot can then be given to a waiting one);
+4. **decode**: up to ``R`` rounds (``rounds_per_step``) of the engine's own ``engine.step.decode_loop`` (one
+   device ``while_loop``; ``plain_step``, ``spec_step`` or the adaptive segments over all slots; empty and
+   finished slots are done rows, frozen, their table rows on the dummy page as the engine's padding rows), left
+   as soon as a running request finishes (its slot can then be given to a waiting one);
 5. **one host read** (``jax.device_get`` of ``done``, ``num_generated``, ``seq_lens`` and ``out_tokens``): the
    step's new tokens of every request, and those that finished (EOS / ``max_new_tokens``) are retired: slot
    and pages freed at once (their table row goes back to the dummy page in the next refresh).
@@ -33,11 +33,13 @@ case (``ceil(min(W, prompt + max_new_tokens + R * N) / G)`` pages); otherwise it
 queue (FCFS: later requests do not overtake it). So a running request never runs out of pages and nothing is
 preempted. A request whose worst case exceeds the whole pool is refused by ``add_request`` (``ValueError``).
 
-Plain or speculative decoding with one draft shape (chain or tree, any ``Drafter``), greedy by default;
+Plain, speculative (chain or tree, any ``Drafter``: MTP, EAGLE-3) or adaptive decoding (the engine's
+``decode_loop``: an adaptive engine's policy is one for the batch, its round costs measured by
+``Engine.calibrate`` at the slot count, and it keeps learning from step to step), greedy by default;
 ``sampling=True`` runs the engine's sampling executable, every request with its own temperature / top-k /
 top-p / seed (its coins depend on its seed and its own round counter only, so it draws what it would draw
 alone; temperature-0 requests stay greedy). The stop token is the engine's ``eos_id`` (one for every
-request). Adaptive engines and simulated acceptance are refused at construction.
+request). Simulated acceptance is refused at construction.
 """
 
 import collections
@@ -56,8 +58,9 @@ from jaxspec.engine import Engine
 from jaxspec.engine.checks import check_prompts, check_sampling
 from jaxspec.engine.compiled import functionalize_checks
 from jaxspec.engine.memory import allocate_state, prompt_bucket
+from jaxspec.engine.policy import init_policy_state
 from jaxspec.engine.state import DecodeState, EngineOptions, SamplingParams
-from jaxspec.engine.step import decode_step, prefill
+from jaxspec.engine.step import decode_loop, draft_spec_max_accept, prefill
 from jaxspec.kernels._dispatch import next_pow2
 from jaxspec.protocols import PagedKVCache
 from jaxspec.serving.pages import PagePool, pack_rows, refresh_fn
@@ -130,7 +133,8 @@ class Scheduler:
 
 def _rows_view(state: DecodeState, slot):
     """A one-row view of ``state`` (row ``slot`` of every per-row leaf and of each cache's table; the KV pools
-    whole)."""
+    whole; no adaptive policy: it belongs to the batch, and prefill never reads it)."""
+    state = dataclasses.replace(state, policy=None)
     row = lambda x: jax.lax.dynamic_slice_in_dim(x, slot, 1, 0)  # noqa: E731
 
     def one(x):
@@ -142,14 +146,17 @@ def _rows_view(state: DecodeState, slot):
 
 
 def _write_row(state: DecodeState, sub: DecodeState, slot):
-    """``state`` with row ``slot`` taken from the one-row ``sub`` and the KV pools from ``sub``."""
+    """``state`` with row ``slot`` taken from the one-row ``sub`` (a ``_rows_view``) and the KV pools from
+    ``sub``; the batch's adaptive policy kept."""
+    policy, state = state.policy, dataclasses.replace(state, policy=None)
 
     def one(x, y):
         if isinstance(x, PagedKVCache):
             return PagedKVCache(y.k, y.v, x.req_to_token)
         return jax.lax.dynamic_update_slice_in_dim(x, y, slot, 0) if x.ndim else x
 
-    return jax.tree.map(one, state, sub, is_leaf=lambda x: isinstance(x, PagedKVCache))
+    out = jax.tree.map(one, state, sub, is_leaf=lambda x: isinstance(x, PagedKVCache))
+    return dataclasses.replace(out, policy=policy)
 
 
 @functools.lru_cache(maxsize=64)
@@ -173,19 +180,15 @@ def _insert_fn(graphdef, treedef, opts: EngineOptions, checks: bool):
 
 @functools.lru_cache(maxsize=64)
 def _decode_fn(graphdef, treedef, opts: EngineOptions, checks: bool):
-    """Jitted ``decode(params, state, rounds)``: rounds of ``decode_step`` while fewer than ``rounds`` (traced
-    ``i32[]``: one executable for every ``R``) ran, some row is not done and no request that was running at the
-    start has finished (state donated)."""
+    """Jitted ``decode(params, state, rounds)``: the engine's ``decode_loop`` (fixed shape, or adaptive: one
+    segment per mode) for at most ``rounds`` rounds (traced ``i32[]``: one executable for every ``R``), left
+    as soon as a request that was running at the start has finished, or every row is done (state donated)."""
 
     def decode(params, state, rounds):
         target, drafter = nnx.merge(graphdef, jax.tree.unflatten(treedef, params))
         running = ~state.done
-
-        def live(c):
-            return (c[1] < rounds) & ~jnp.any(running & c[0].done) & ~jnp.all(c[0].done)
-
-        body = lambda c: (decode_step(target, drafter, opts, c[0]), c[1] + 1)  # noqa: E731
-        return jax.lax.while_loop(live, body, (state, jnp.int32(0)))[0]
+        return decode_loop(target, drafter, opts, state, max_rounds=rounds,
+                           until=lambda st: jnp.any(running & st.done))
 
     return jax.jit(functionalize_checks(decode, checks), donate_argnums=(1,))
 
@@ -212,10 +215,8 @@ class ServingEngine:
     def __init__(self, engine: Engine, *, rounds_per_step: int = 1, sampling: bool = False):
         if not isinstance(engine, Engine):
             raise ValueError(f"engine: expected a jaxspec.engine.Engine, got {type(engine).__name__}")
-        if engine.opts.adaptive is not None or engine.simulate_accept is not None:
-            raise ValueError("engine: adaptive speculation and simulated acceptance are not served (use a fixed spec)")
-        if len(engine.opts.specs) > 1:
-            raise ValueError(f"engine: one draft shape expected, got {len(engine.opts.specs)}")
+        if engine.simulate_accept is not None:
+            raise ValueError("engine: simulated acceptance is not served (it is a benchmark of the engine alone)")
         if not isinstance(rounds_per_step, int) or isinstance(rounds_per_step, bool) or rounds_per_step < 1:
             raise ValueError(f"rounds_per_step: expected an int >= 1, got {rounds_per_step!r}")
         if not isinstance(sampling, bool):
@@ -244,13 +245,17 @@ class ServingEngine:
         tcache = eng.target.make_cache(r2t, num_slots)
         draft = tuple(eng.drafter.init_state(spec, r2t, num_slots) for spec in eng.opts.specs)
         sampling = check_sampling(b, eng.vocab_size, 0.0, None, 1.0, 0)
+        policy = None
+        if eng.opts.adaptive is not None:  # one policy for the batch, learning across steps (a warm start)
+            cost = eng.round_costs[b] if b in eng.round_costs else eng.calibrate(b)
+            policy = init_policy_state(cost, draft_spec_max_accept(eng.opts.specs))
         state = allocate_state(tcache, draft, num_requests=b, max_new_tokens=np.full((b,), next_pow2(w), np.int32),
-                               eos_id=eng.eos_id, sampling=sampling, vocab_size=eng.vocab_size, policy=None,
+                               eos_id=eng.eos_id, sampling=sampling, vocab_size=eng.vocab_size, policy=policy,
                                simulate=None)
         state = dataclasses.replace(state, done=jnp.ones((b,), bool), max_new_tokens=jnp.zeros((b,), jnp.int32),
                                     all_greedy=not self.sampling)
-        for path, leaf in jax.tree_util.tree_flatten_with_path(
-                state, is_leaf=lambda x: isinstance(x, PagedKVCache))[0]:
+        for path, leaf in jax.tree_util.tree_flatten_with_path(  # the policy belongs to the batch
+                dataclasses.replace(state, policy=None), is_leaf=lambda x: isinstance(x, PagedKVCache))[0]:
             if not isinstance(leaf, PagedKVCache) and leaf.ndim and leaf.shape[0] != b:
                 raise ValueError(f"engine: the decode state's leaf {jax.tree_util.keystr(path)} has shape "
                                  f"{leaf.shape}; a slot-indexed leaf (leading dimension {b}) was expected")

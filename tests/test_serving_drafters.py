@@ -1,0 +1,84 @@
+"""The continuous-batching core with every kind of engine it serves, on CPU: an EAGLE-3 drafter (random head on a
+random target, so drafts are mostly rejected and the verify path runs its partial-accept branches) and an
+adaptive engine (MTP with a chain and a tree, a policy that probes often so it switches modes mid-request).
+Requests arrive at different steps, more than there are slots; each one's greedy output must equal its solo
+plain greedy output, the pool ends with every page free, and a steady stream of further requests compiles
+nothing new."""
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from jaxspec.config import SpecConfig
+from jaxspec.engine import AdaptivePolicy, Engine
+from jaxspec.models import DEFAULT_WEIGHTS, Decoder, DecoderConfig, MTPDrafter, load_pair
+from jaxspec.models.eagle3 import EAGLE3Model, Eagle3Config, aux_layers_from_ids
+from jaxspec.models.eagle3_drafter import EAGLE3Drafter
+from jaxspec.serving import ServingEngine
+from jaxspec.testing import CompileCounter
+
+CHAIN = SpecConfig(num_steps=3, topk=1, num_draft_tokens=4)
+TREE = SpecConfig(num_steps=3, topk=2, num_draft_tokens=6)
+V = 80
+TARGET = DecoderConfig(vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
+                       num_key_value_heads=2, head_dim=8, rms_norm_eps=1e-5, rope_theta=10000.0)
+IDS = (0, 1, 2)
+KW = dict(max_context=64, page_size=4, max_batch=2, num_pages=40)
+
+
+def _eagle3_pair():
+    target = Decoder(TARGET, rngs=nnx.Rngs(4), aux_layers=aux_layers_from_ids(IDS, 3), kv_dtype=jnp.float32)
+    cfg = Eagle3Config.for_target(TARGET, draft_vocab_size=40, aux_layer_ids=IDS)
+    d2t = np.sort(np.random.default_rng(5).choice(V, 40, replace=False)) - np.arange(40)
+    head = EAGLE3Model(cfg, rngs=nnx.Rngs(5), param_dtype=jnp.float32, kv_dtype=jnp.float32, d2t=d2t)
+    return target, EAGLE3Drafter(head, target)
+
+
+def _schedule(vocab: int, seed: int):
+    """(arrival step, prompt, max_new) of 5 requests: prompt lengths 1..12, limits 3..12."""
+    rng = np.random.default_rng(seed)
+    return [(int(a), rng.integers(2, vocab, size=int(rng.integers(1, 13))).astype(np.int32),
+             int(rng.integers(3, 13))) for a in (0, 0, 1, 3, 4)]
+
+
+def _drive(se: ServingEngine, schedule) -> list:
+    ids, step = [None] * len(schedule), 0
+    while step <= max(a for a, _, _ in schedule) or se.has_unfinished():
+        for i, (arrive, prompt, max_new) in enumerate(schedule):
+            if arrive == step:
+                ids[i] = se.add_request(prompt, max_new)
+        se.step()
+        step += 1
+        assert step < 200
+    assert se.pool.num_free == se.pool.capacity and not se.scheduler.running  # no leak
+    return [se.requests[i].output for i in ids]
+
+
+def _solo(target, schedule) -> list:
+    eng = Engine(target, None, max_context=64, max_batch=1)
+    return [eng.generate([p], m).tokens[0].tolist() for _, p, m in schedule]
+
+
+@pytest.mark.parametrize("kind", ["eagle3", "adaptive"])
+def test_served_outputs_equal_solo_plain_and_nothing_recompiles(kind):
+    if kind == "eagle3":
+        target, drafter = _eagle3_pair()
+        eng = Engine(target, drafter, spec=CHAIN, **KW)
+    else:
+        target = load_pair(DEFAULT_WEIGHTS)
+        eng = Engine(target, MTPDrafter(target), spec=(CHAIN, TREE), adaptive=AdaptivePolicy(probe_interval=2), **KW)
+        eng.round_costs[2] = np.ones((3,), np.float32)  # equal costs (CPU timings are noise): every mode competes
+    se = ServingEngine(eng, rounds_per_step=2)
+    vocab = int(target.vocab_size)
+    first = _schedule(vocab, 0)
+    assert _drive(se, first) == _solo(target, first)
+    if kind == "adaptive":
+        rounds = np.asarray(se._state.policy.mode_rounds)
+        assert rounds[1] > 0 and rounds[2] > 0, rounds  # both draft shapes ran
+    # the same prompts (so the same prompt buckets) in another order and other arrival steps
+    again = [(a, p, m) for a, (_, p, m) in zip((0, 2, 2, 2, 5), reversed(first))]
+    want = _solo(target, again)
+    counter = CompileCounter()
+    assert _drive(se, again) == want
+    assert counter.count == 0
