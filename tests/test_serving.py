@@ -22,7 +22,7 @@ from jaxspec.config import SpecConfig
 from jaxspec.engine import Engine
 from jaxspec.models import DEFAULT_WEIGHTS, MTPDrafter, load_pair
 from jaxspec.protocols import PagedKVCache
-from jaxspec.serving import PagePool, ServingEngine
+from jaxspec.serving import RequestParams, PagePool, ServingEngine
 from jaxspec.serving.core import _decode_fn, _insert_fn
 from jaxspec.testing import CompileCounter
 
@@ -37,6 +37,11 @@ SPECS = {"plain": None, "chain": CHAIN, "tree": TREE}
 
 COMPILES = CompileCounter()
 _CACHE: dict = {}
+
+
+def _add(se, prompt, max_new, request_id=None, **sampling):
+    """Submit ``prompt`` for ``max_new`` tokens (sampling keywords as in ``RequestParams``); returns its id."""
+    return se.submit(prompt, RequestParams(max_new_tokens=max_new, **sampling), request_id=request_id).request_id
 
 
 def _model():
@@ -89,12 +94,12 @@ def _run(se: ServingEngine, schedule, aborts=()):
     while step <= last or se.has_unfinished():
         for i, (arrive, prompt, max_new) in enumerate(schedule):
             if arrive == step:
-                ids[i] = se.add_request(np.array(prompt, np.int32), max_new)
+                ids[i] = _add(se, np.array(prompt, np.int32), max_new)
         for i, at in aborts:
             if at == step and ids[i] is not None:
                 req = se.requests[ids[i]]
                 held, free = len(req.pages), se.pool.num_free
-                se.abort(ids[i])
+                se.cancel(ids[i])
                 assert req.status == "finished" and req.pages == []
                 assert se.pool.num_free == free + held  # freed at once
         for out in se.step():
@@ -183,16 +188,16 @@ def test_abort_frees_pages_at_once():
     """An abort mid-generation returns the request's pages before it returns; the other request is unaffected
     and a request queued behind the page budget is admitted into the freed pages."""
     se = _serving("chain", 16)
-    a = se.add_request(np.array(_prompt(11, 20), np.int32), 16)
-    b = se.add_request(np.array(_prompt(12, 9), np.int32), 16)
-    c = se.add_request(np.array(_prompt(13, 20), np.int32), 16)  # 3 pages worst case each: c waits
+    a = _add(se, np.array(_prompt(11, 20), np.int32), 16)
+    b = _add(se, np.array(_prompt(12, 9), np.int32), 16)
+    c = _add(se, np.array(_prompt(13, 20), np.int32), 16)  # 3 pages worst case each: c waits
     se.step()
     se.step()
     assert se.requests[c].status == "waiting"
     held = len(se.requests[a].pages)
     assert held > 0 and se.requests[a].output
     free = se.pool.num_free
-    se.abort(a)
+    se.cancel(a)
     assert se.pool.num_free == free + held and se.requests[a].finish_reason == "abort"
     se.step()
     assert se.requests[c].status == "running"
@@ -200,9 +205,9 @@ def test_abort_frees_pages_at_once():
     assert se.pool.num_free == se.pool.capacity
     assert se.requests[b].output == _solo(_prompt(12, 9), 16)
     assert se.requests[c].output == _solo(_prompt(13, 20), 16)
-    se.abort(a)  # already finished: nothing happens
-    with pytest.raises(ValueError, match="request_id"):
-        se.abort("nope")
+    se.cancel(a)  # already finished: nothing happens
+    with pytest.raises(ValueError, match="request"):
+        se.cancel("nope")
 
 
 def test_no_recompile_as_requests_join_and_leave():
@@ -223,16 +228,16 @@ def test_no_recompile_as_requests_join_and_leave():
 
 def test_refusals():
     """A request that overflows the context, or whose worst case exceeds the whole pool, is refused at
-    add_request; bad engine arguments are refused at construction."""
+    submit; bad engine arguments are refused at construction."""
     m = _model()
     se = ServingEngine(Engine(m, None, max_context=W, page_size=16, max_batch=2, num_pages=3))
     with pytest.raises(ValueError, match="context overflow"):
-        se.add_request(np.arange(60) % 64, 8)
+        _add(se, np.arange(60) % 64, 8)
     with pytest.raises(ValueError, match="KV pages"):
-        se.add_request(np.arange(30) % 64, 8)  # 3 pages of 16 needed, the pool has 2
-    rid = se.add_request(np.arange(10) % 64, 8)
+        _add(se, np.arange(30) % 64, 8)  # 3 pages of 16 needed, the pool has 2
+    rid = _add(se, np.arange(10) % 64, 8)
     with pytest.raises(ValueError, match="request_id"):
-        se.add_request(np.arange(10) % 64, 8, request_id=rid)
+        _add(se, np.arange(10) % 64, 8, request_id=rid)
     with pytest.raises(ValueError, match="rounds_per_step"):
         ServingEngine(se.engine, rounds_per_step=0)
     with pytest.raises(ValueError, match="engine"):
@@ -248,7 +253,7 @@ def test_eos_finishes_with_stop():
     m = _model()
     se = ServingEngine(Engine(m, MTPDrafter(m), spec=CHAIN, max_context=W, page_size=16, max_batch=SLOTS,
                               num_pages=NUM_PAGES[16], eos_id=eos))
-    rid = se.add_request(np.array(prompt, np.int32), 16)
+    rid = _add(se, np.array(prompt, np.int32), 16)
     se.run_until_done()
     assert se.requests[rid].output == want and se.requests[rid].finish_reason == "stop"
     assert se.pool.num_free == se.pool.capacity
@@ -282,8 +287,8 @@ def test_several_rounds_per_step():
     _check_outputs(se, schedule, ids, streamed)
     assert _decode_fn(eng.graphdef, eng.treedef, eng.opts, False)._cache_size() == 1
     se = ServingEngine(eng, rounds_per_step=4)
-    short = se.add_request(np.array(_prompt(56, 4), np.int32), 2)  # its first round ends it
-    long = se.add_request(np.array(_prompt(57, 4), np.int32), 40)
+    short = _add(se, np.array(_prompt(56, 4), np.int32), 2)  # its first round ends it
+    long = _add(se, np.array(_prompt(57, 4), np.int32), 40)
     se.step()
     assert se.requests[short].status == "finished"
     assert 2 <= len(se.requests[long].output) <= 1 + CHAIN.num_steps + 1  # prefill's token + one round
@@ -293,7 +298,7 @@ def test_several_rounds_per_step():
 
 def test_one_host_read_per_step(monkeypatch):
     """A step transfers nothing implicitly (``jax.transfer_guard("disallow")``) and reads the device once: one
-    ``jax.device_get`` of four arrays, and no other array read back (``bool`` / ``int`` / ``tolist`` of a device
+    ``jax.device_get`` of six arrays, and no other array read back (``bool`` / ``int`` / ``tolist`` of a device
     array go through ``_value``, counted; NumPy's buffer protocol on a CPU array is not seen here); an abort
     reads nothing."""
     se = _serving("chain", 16)
@@ -303,8 +308,8 @@ def test_one_host_read_per_step(monkeypatch):
     cls = type(jnp.zeros(1))
     value = cls._value
     monkeypatch.setattr(cls, "_value", property(lambda self: reads.append(1) or value.fget(self)))
-    a = se.add_request(np.array(_prompt(60, 6), np.int32), 10)
-    se.add_request(np.array(_prompt(61, 13), np.int32), 12)
+    a = _add(se, np.array(_prompt(60, 6), np.int32), 10)
+    _add(se, np.array(_prompt(61, 13), np.int32), 12)
     steps = 0
     with jax.transfer_guard("disallow"):
         while se.has_unfinished():
@@ -312,9 +317,9 @@ def test_one_host_read_per_step(monkeypatch):
             steps += 1
             if steps == 2:
                 n, m = len(calls), len(reads)
-                se.abort(a)
+                se.cancel(a)
                 assert (len(calls), len(reads)) == (n, m)
-    assert len(calls) == steps and len(reads) == 4 * steps
+    assert len(calls) == steps and len(reads) == 6 * steps
 
 
 def test_sampled_requests_draw_what_they_draw_alone():
@@ -336,7 +341,7 @@ def test_sampled_requests_draw_what_they_draw_alone():
     while step < 3 or se.has_unfinished():
         for i, (arrive, prompt, max_new) in enumerate(schedule):
             if arrive == step:
-                ids[i] = se.add_request(np.array(prompt, np.int32), max_new, **params[i])
+                ids[i] = _add(se, np.array(prompt, np.int32), max_new, **params[i])
         se.step()
         _check_pages(se)
         step += 1
@@ -346,7 +351,7 @@ def test_sampled_requests_draw_what_they_draw_alone():
         assert se.requests[ids[i]].output == want, (i, params[i])
     assert se.requests[ids[2]].output == _solo(schedule[2][1], schedule[2][2])
     with pytest.raises(ValueError, match="greedy"):
-        _serving("chain", 16).add_request(np.arange(5), 4, temperature=1.0)
+        _add(_serving("chain", 16), np.arange(5), 4, temperature=1.0)
 
 
 def test_generate_a_list_longer_than_the_slots():
@@ -355,11 +360,11 @@ def test_generate_a_list_longer_than_the_slots():
     se = _serving("chain", 16)
     prompts = [np.array(_prompt(80 + i, 2 + 2 * i), np.int32) for i in range(10)]
     limits = [1 + (7 * i) % 16 for i in range(10)]
-    got = se.generate(prompts, limits)
+    got = se.generate(prompts, [RequestParams(max_new_tokens=m) for m in limits])
     assert got == [_solo(tuple(p.tolist()), m) for p, m in zip(prompts, limits)]
     assert se.pool.num_free == se.pool.capacity
-    with pytest.raises(ValueError, match="max_new_tokens"):
-        se.generate(prompts, [4])
+    with pytest.raises(ValueError, match="params"):
+        se.generate(prompts, [RequestParams(max_new_tokens=4)])
 
 
 def test_checked_mode():
@@ -377,4 +382,33 @@ def test_checked_mode():
     want = [Engine(m, None, max_context=32, max_batch=1).generate([p], 6).tokens[0].tolist() for p in prompts]
     with checks():
         se = ServingEngine(Engine(m, None, max_context=32, max_batch=2, page_size=4, num_pages=12))
-        assert se.generate(prompts, 6) == want
+        assert se.generate(prompts, RequestParams(max_new_tokens=6)) == want
+
+
+def test_handle_stream_stop_tokens_and_stats():
+    """A ``RequestHandle`` iterates its tokens (driving ``step`` itself) and they equal the solo output; a stop id
+    of ``RequestParams`` ends a request there (reason "stop", the stop token kept) while the other request
+    runs on; ``stats`` counts tokens, rounds and pages; bad parameters are refused naming the field."""
+    se = _serving("chain", 16)
+    p1, p2 = _prompt(90, 7), _prompt(91, 11)
+    ref = _solo(p2, 16)
+    stop = ref[4]
+    h1 = se.submit(np.array(p1, np.int32), RequestParams(max_new_tokens=16))
+    h2 = se.submit(np.array(p2, np.int32), RequestParams(max_new_tokens=16, stop_token_ids=[stop]))
+    before = se.stats()
+    assert before.waiting >= 2 and before.pages_total == se.pool.capacity
+    assert list(h1) == _solo(p1, 16) and h1.finish_reason == "length" and h1.num_prompt_tokens == 7
+    se.run_until_done()
+    assert h2.output == ref[: ref.index(stop) + 1] and h2.finish_reason == "stop"
+    st = se.stats()
+    assert st.running == st.waiting == st.pages_in_use == 0
+    assert st.generated_tokens - before.generated_tokens == len(h1.output) + len(h2.output)
+    assert st.rounds > before.rounds and 1.0 <= st.mean_accept_length <= CHAIN.num_steps + 1
+    for bad, field in [(dict(max_new_tokens=0), "max_new_tokens"), (dict(stop_token_ids="x"), "stop_token_ids"),
+                       (dict(stop_token_ids=[-1]), "stop_token_ids")]:
+        with pytest.raises(ValueError, match=field):
+            RequestParams(**bad)
+    with pytest.raises(ValueError, match="stop_token_ids"):
+        se.submit(np.arange(4), RequestParams(stop_token_ids=[10**6]))
+    with pytest.raises(ValueError, match="params"):
+        se.submit(np.arange(4), {"max_new_tokens": 4})

@@ -15,7 +15,7 @@ from jaxspec.engine import AdaptivePolicy, Engine
 from jaxspec.models import DEFAULT_WEIGHTS, Decoder, DecoderConfig, MTPDrafter, load_pair
 from jaxspec.models.eagle3 import EAGLE3Model, Eagle3Config, aux_layers_from_ids
 from jaxspec.models.eagle3_drafter import EAGLE3Drafter
-from jaxspec.serving import ServingEngine
+from jaxspec.serving import RequestParams, ServingEngine
 from jaxspec.testing import CompileCounter
 
 CHAIN = SpecConfig(num_steps=3, topk=1, num_draft_tokens=4)
@@ -25,6 +25,11 @@ TARGET = DecoderConfig(vocab_size=V, hidden_size=32, intermediate_size=64, num_h
                        num_key_value_heads=2, head_dim=8, rms_norm_eps=1e-5, rope_theta=10000.0)
 IDS = (0, 1, 2)
 KW = dict(max_context=64, page_size=4, max_batch=2, num_pages=40)
+
+
+def _add(se, prompt, max_new, request_id=None, **sampling):
+    """Submit ``prompt`` for ``max_new`` tokens (sampling keywords as in ``RequestParams``); returns its id."""
+    return se.submit(prompt, RequestParams(max_new_tokens=max_new, **sampling), request_id=request_id).request_id
 
 
 def _eagle3_pair():
@@ -47,7 +52,7 @@ def _drive(se: ServingEngine, schedule) -> list:
     while step <= max(a for a, _, _ in schedule) or se.has_unfinished():
         for i, (arrive, prompt, max_new) in enumerate(schedule):
             if arrive == step:
-                ids[i] = se.add_request(prompt, max_new)
+                ids[i] = _add(se, prompt, max_new)
         se.step()
         step += 1
         assert step < 200

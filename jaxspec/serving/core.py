@@ -21,7 +21,7 @@ of two), one ``DecodeState`` of that shape over the engine's KV pool (target and
    and pages freed at once (their table row goes back to the dummy page in the next refresh).
 
 That read is the only host sync of a step (with ``JAXSPEC_CHECKS`` on, the check flags are read as well);
-``abort`` dispatches one table refresh and syncs nothing.
+``cancel`` dispatches one table refresh and syncs nothing.
 
 Shapes are fixed at construction (``B`` slots, ``W = max_context`` per slot, the pool, an output buffer of
 ``next_pow2(W)`` tokens), so requests joining and leaving never recompile: the decode loop and the table
@@ -31,7 +31,7 @@ Page policy (SGLang's scheduler without retraction): pages are assigned as seque
 admitted only when the pages not yet handed out, less those promised to running requests, cover its worst
 case (``ceil(min(W, prompt + max_new_tokens + R * N) / G)`` pages); otherwise it WAITS at the head of the
 queue (FCFS: later requests do not overtake it). So a running request never runs out of pages and nothing is
-preempted. A request whose worst case exceeds the whole pool is refused by ``add_request`` (``ValueError``).
+preempted. A request whose worst case exceeds the whole pool is refused by ``submit`` (``ValueError``).
 
 Plain, speculative (chain or tree, any ``Drafter``: MTP, EAGLE-3) or adaptive decoding (the engine's
 ``decode_loop``: an adaptive engine's policy is one for the batch, its round costs measured by
@@ -46,7 +46,6 @@ import collections
 import dataclasses
 import functools
 import math
-from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -64,6 +63,7 @@ from jaxspec.engine.step import decode_loop, draft_spec_max_accept, prefill
 from jaxspec.kernels._dispatch import next_pow2
 from jaxspec.protocols import PagedKVCache
 from jaxspec.serving.pages import PagePool, pack_rows, refresh_fn
+from jaxspec.serving.request import RequestHandle, RequestOutput, RequestParams, ServingStats
 
 
 @dataclasses.dataclass(eq=False)  # identity: a request is itself, whatever its fields
@@ -71,7 +71,7 @@ class Request:
     """One request: its prompt, limit, and what it has generated so far (host side).
 
     status: ``"waiting"`` (queued), ``"running"`` (in slot ``slot``), ``"finished"``. finish_reason (when
-    finished): ``"stop"`` (EOS, kept as the last token), ``"length"`` (``max_new_tokens``) or ``"abort"``.
+    finished): ``"stop"`` (EOS or one of its stop ids, kept as the last token), ``"length"`` (``max_new_tokens``) or ``"abort"``.
     pages: the KV pages it holds (empty unless running)."""
 
     request_id: str
@@ -84,15 +84,9 @@ class Request:
     pages: list = dataclasses.field(default_factory=list)
     worst_pages: int = 0  # pages its whole life can reach (the admission budget)
     sampling: tuple = ()  # (temperature f32[1], top_k i32[1], top_p f32[1], seed i32[1]) of check_sampling
-
-
-class RequestOutput(NamedTuple):
-    """What a ``step`` produced for one request: the tokens new since the last step, and whether it ended."""
-
-    request_id: str
-    new_token_ids: list
-    finished: bool
-    finish_reason: str | None
+    stop_token_ids: frozenset = frozenset()  # host-matched stop ids (the engine's eos_id stops on the device)
+    rounds: int = 0  # verify rounds it was active in, and the tokens they accepted (the device's last counts)
+    accepted: int = 0
 
 
 class Scheduler:
@@ -203,13 +197,13 @@ class ServingEngine:
       rounds_per_step: ``R``, the most decode rounds per ``step`` (a value of the decode loop: any ``R`` shares
         one executable); the loop leaves as soon as a running request finishes.
       sampling: ``False`` (default): greedy requests only, the greedy executables. ``True``: the sampling
-        executables; each request brings its own sampling parameters (``add_request``).
+        executables; each request brings its own sampling parameters (``RequestParams``).
 
-    ``add_request(prompt, max_new_tokens)`` queues a request (returns its id); ``step()`` runs one iteration and
-    returns a ``RequestOutput`` per request that produced tokens or ended; ``abort(request_id)`` ends a request
-    at once (queued or running: its slot and pages are free when it returns); ``generate(prompts,
-    max_new_tokens)`` is the blocking form for a list; ``has_unfinished()``;
-    ``requests[request_id]`` holds each request (``output`` grows as it decodes).
+    ``submit(prompt_ids, RequestParams(...))`` queues a request and returns its ``RequestHandle`` (iterate it for
+    its tokens); ``step()`` runs one iteration and returns a ``RequestOutput`` per request that produced tokens
+    or ended; ``cancel(handle)`` ends a request at once (queued or running: its slot and pages are free when it
+    returns); ``generate(prompts, params)`` is the blocking form for a list; ``has_unfinished()``; ``stats()``;
+    ``requests[request_id]`` holds each request (``output`` grows as it decodes). One thread owns a core.
     """
 
     def __init__(self, engine: Engine, *, rounds_per_step: int = 1, sampling: bool = False):
@@ -236,6 +230,7 @@ class ServingEngine:
         self._dirty: dict[int, tuple[int, list[int]]] = {}  # slot -> (first column, pages): the next refresh
         self._state, self._r2p = self._fresh_state()
         self._seq_lens = np.zeros((self.num_slots,), np.int32)  # the last read of the committed lengths
+        self._generated = self._rounds = self._accepted = 0  # stats()
 
     # ---------------------------------------------------------------- device state
     def _fresh_state(self):
@@ -300,17 +295,23 @@ class ServingEngine:
         req.pages = req.pages + pages
 
     # ---------------------------------------------------------------- API
-    def add_request(self, prompt, max_new_tokens: int, *, request_id: str | None = None, temperature=0.0,
-                    top_k=None, top_p=1.0, seed=0) -> str:
-        """Queue a request; returns its id. Sampling parameters as in ``Engine.prepare`` (one request), other
-        than greedy only in a ``sampling=True`` core. ``ValueError`` for a bad prompt or parameter, a request
-        that overflows ``max_context`` or that could never fit the page pool, or a duplicate ``request_id``."""
+    def submit(self, prompt_ids, params: RequestParams | None = None, *, request_id: str | None = None
+               ) -> RequestHandle:
+        """Queue a request (``params``: ``RequestParams()`` when None); returns its ``RequestHandle``. Sampling
+        other than greedy only in a ``sampling=True`` core. ``ValueError`` naming the field for a bad prompt or
+        parameter, a request that overflows ``max_context`` or could never fit the page pool, or a duplicate
+        ``request_id``."""
+        params = RequestParams() if params is None else params
+        if not isinstance(params, RequestParams):
+            raise ValueError(f"params: expected a jaxspec.serving.RequestParams, got {type(params).__name__}")
         eng = self.engine
-        arrs, mnt = check_prompts([prompt], [max_new_tokens], max_batch=1, vocab_size=eng.vocab_size,
+        arrs, mnt = check_prompts([prompt_ids], [params.max_new_tokens], max_batch=1, vocab_size=eng.vocab_size,
                                   max_context=self.max_context, verify_width=self.verify_width)
-        sampling = check_sampling(1, eng.vocab_size, temperature, top_k, top_p, seed)
+        sampling = check_sampling(1, eng.vocab_size, params.temperature, params.top_k, params.top_p, params.seed)
         if not self.sampling and (sampling[0][0] != 0 or sampling[1][0] != eng.vocab_size or sampling[2][0] != 1):
             raise ValueError("temperature / top_k / top_p: this ServingEngine is greedy (build it with sampling=True)")
+        if any(i >= eng.vocab_size for i in params.stop_token_ids):
+            raise ValueError(f"stop_token_ids: expected ids < vocab_size={eng.vocab_size}, got {params.stop_token_ids}")
         if request_id is None:
             request_id = f"req-{self._next_id}"
             self._next_id += 1
@@ -320,19 +321,22 @@ class ServingEngine:
         worst = math.ceil(min(self.max_context, prompt.size + mnt + self.rounds_per_step * self.verify_width)
                           / self.page_size)
         if worst > self.pool.capacity:
-            raise ValueError(f"prompt: the request may need {worst} KV pages of {self.page_size} tokens, the pool "
+            raise ValueError(f"prompt_ids: the request may need {worst} KV pages of {self.page_size} tokens, the pool "
                              f"holds {self.pool.capacity} (num_pages={self.pool.num_pages}, page 0 reserved)")
-        req = Request(request_id, prompt, mnt, worst_pages=worst, sampling=sampling)
+        req = Request(request_id, prompt, mnt, worst_pages=worst, sampling=sampling,
+                      stop_token_ids=frozenset(params.stop_token_ids))
         self.requests[request_id] = req
         self.scheduler.waiting.append(req)
-        return request_id
+        return RequestHandle(self, req)
 
-    def abort(self, request_id: str) -> None:
-        """End a queued or running request now: its slot and pages are free when this returns (the row is
-        marked done and its table row moved to the dummy page before any later round runs)."""
-        req = self.requests.get(request_id)
+    def cancel(self, request) -> None:
+        """End a queued or running request now (its ``RequestHandle`` or id): its slot and pages are free when
+        this returns (the row is marked done and its table row moved to the dummy page before any later round
+        runs). Cancelling a finished request does nothing."""
+        request_id = request.request_id if isinstance(request, RequestHandle) else request
+        req = self.requests.get(request_id) if isinstance(request_id, str) else None
         if req is None:
-            raise ValueError(f"request_id: no request {request_id!r}")
+            raise ValueError(f"request: no request {request!r}")
         if req.status == "finished":
             return
         if req.status == "waiting":
@@ -380,30 +384,47 @@ class ServingEngine:
             return []
         decode = _decode_fn(self.engine.graphdef, self.engine.treedef, self.engine.opts, checks_enabled())
         self._state = self._call(decode, self.engine.params, self._state, jax.device_put(np.int32(r)))
-        done, num, seq, out = jax.device_get((self._state.done, self._state.num_generated, self._state.seq_lens,
-                                              self._state.out_tokens))
+        st = self._state
+        done, num, seq, out, rounds, acc = jax.device_get((st.done, st.num_generated, st.seq_lens, st.out_tokens,
+                                                           st.num_rounds, st.num_accepted))
         self._seq_lens = seq
         outputs = []
         for slot, req in list(self.scheduler.running.items()):
             new = out[slot, len(req.output): num[slot]].tolist()
+            self._rounds += int(rounds[slot]) - req.rounds
+            self._accepted += int(acc[slot]) - req.accepted
+            req.rounds, req.accepted = int(rounds[slot]), int(acc[slot])
+            stop = next((k for k, t in enumerate(new) if t in req.stop_token_ids), None)
+            if stop is not None:
+                new = new[: stop + 1]
             req.output.extend(new)
-            finished = bool(done[slot])
+            self._generated += len(new)
+            finished = bool(done[slot]) or stop is not None
             if finished:
                 eos = self.engine.eos_id
-                self._finish(req, "stop" if eos >= 0 and req.output and req.output[-1] == eos else "length")
+                hit = stop is not None or (eos >= 0 and req.output and req.output[-1] == eos)
+                self._finish(req, "stop" if hit else "length")
             if new or finished:
                 outputs.append(RequestOutput(req.request_id, new, finished, req.finish_reason))
         return outputs
 
-    def generate(self, prompts, max_new_tokens) -> list[list[int]]:
-        """Blocking: queue every prompt (``max_new_tokens`` an int or one per prompt, any number of prompts:
-        they wait for slots and pages), step until all are done, return each one's tokens in order."""
-        limits = [max_new_tokens] * len(prompts) if np.ndim(max_new_tokens) == 0 else list(max_new_tokens)
-        if len(limits) != len(prompts):
-            raise ValueError(f"max_new_tokens: expected an int or one per prompt ({len(prompts)}), got {len(limits)}")
-        ids = [self.add_request(p, m) for p, m in zip(prompts, limits)]
+    def generate(self, prompts, params: RequestParams | None = None) -> list[list[int]]:
+        """Blocking: submit every prompt with ``params`` (one ``RequestParams`` for all, or one per prompt; any
+        number of prompts: they wait for slots and pages), step until all are done, return each one's tokens."""
+        many = isinstance(params, (list, tuple))
+        if many and len(params) != len(prompts):
+            raise ValueError(f"params: expected one RequestParams or one per prompt ({len(prompts)}), got {len(params)}")
+        handles = [self.submit(p, params[i] if many else params) for i, p in enumerate(prompts)]
         self.run_until_done()
-        return [self.requests[i].output for i in ids]
+        return [h.output for h in handles]
+
+    def stats(self) -> ServingStats:
+        """The core's counters (``ServingStats``), from the last step's read (no device sync)."""
+        return ServingStats(
+            running=len(self.scheduler.running), waiting=len(self.scheduler.waiting),
+            pages_in_use=self.pool.capacity - self.pool.num_free, pages_total=self.pool.capacity,
+            num_slots=self.num_slots, generated_tokens=self._generated, rounds=self._rounds,
+            accepted_tokens=self._accepted, mean_accept_length=self._accepted / self._rounds if self._rounds else 0.0)
 
     def run_until_done(self, max_steps: int = 1_000_000) -> None:
         """``step`` until no request is waiting or running."""

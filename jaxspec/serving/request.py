@@ -1,0 +1,114 @@
+"""What a caller of the serving core hands in and gets back: ``RequestParams`` (limits, sampling, stop tokens),
+``RequestHandle`` (a request's token stream and its cancel), ``RequestOutput`` (one step's tokens of one
+request) and ``ServingStats`` (counters of the core)."""
+
+import dataclasses
+from typing import NamedTuple
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+@dataclasses.dataclass(frozen=True)
+class RequestParams:
+    """Per-request parameters of ``ServingEngine.submit``.
+
+    max_new_tokens: most tokens to generate (int >= 1; the prompt plus these must fit the engine's context).
+    temperature / top_k / top_p / seed: sampling as in ``Engine.prepare`` (temperature 0 = greedy; anything
+      else needs a ``sampling=True`` core); checked when the request is submitted.
+    stop_token_ids: token ids that end the request (finish reason ``"stop"``, the stop token kept as the last
+      output token), on top of the engine's ``eos_id``. They are matched on the host after each step: the
+      device may decode a few more tokens in that step, which are dropped.
+    """
+
+    max_new_tokens: int = 16
+    temperature: float = 0.0
+    top_k: int | None = None
+    top_p: float = 1.0
+    seed: int = 0
+    stop_token_ids: tuple = ()
+
+    def __post_init__(self):
+        if not _is_int(self.max_new_tokens) or self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens: expected an int >= 1, got {self.max_new_tokens!r}")
+        ids = self.stop_token_ids
+        if isinstance(ids, (str, bytes)) or not hasattr(ids, "__iter__"):
+            raise ValueError(f"stop_token_ids: expected a sequence of token ids, got {ids!r}")
+        ids = tuple(ids)
+        if not all(_is_int(i) and i >= 0 for i in ids):
+            raise ValueError(f"stop_token_ids: expected ints >= 0, got {ids!r}")
+        object.__setattr__(self, "stop_token_ids", ids)
+
+
+class RequestOutput(NamedTuple):
+    """What a ``step`` produced for one request: the tokens new since the last step, and whether it ended."""
+
+    request_id: str
+    new_token_ids: list
+    finished: bool
+    finish_reason: str | None
+
+
+class ServingStats(NamedTuple):
+    """Counters of a ``ServingEngine`` (``stats()``): requests ``running`` / ``waiting``, KV ``pages_in_use`` of
+    ``pages_total`` (the dummy page excluded), batch ``num_slots``; since construction: ``generated_tokens``,
+    verify ``rounds`` (per request, summed) and the tokens they accepted (``accepted_tokens``), whose ratio is
+    ``mean_accept_length`` (1.0 for plain decoding; 0.0 before any round)."""
+
+    running: int
+    waiting: int
+    pages_in_use: int
+    pages_total: int
+    num_slots: int
+    generated_tokens: int
+    rounds: int
+    accepted_tokens: int
+    mean_accept_length: float
+
+
+class RequestHandle:
+    """A submitted request. ``request_id``, ``status`` (``"waiting"`` / ``"running"`` / ``"finished"``),
+    ``finish_reason`` (``"stop"`` / ``"length"`` / ``"abort"``, or None), ``output`` (token ids so far),
+    ``num_prompt_tokens``. Iterating yields its token ids as they come; when none is buffered it runs the core's
+    ``step()`` itself (single-threaded use; every other request advances too). ``cancel()`` ends it now."""
+
+    def __init__(self, core, request):
+        self._core, self._req = core, request
+
+    @property
+    def request_id(self) -> str:
+        return self._req.request_id
+
+    @property
+    def status(self) -> str:
+        return self._req.status
+
+    @property
+    def finish_reason(self) -> str | None:
+        return self._req.finish_reason
+
+    @property
+    def output(self) -> list:
+        return self._req.output
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return int(self._req.prompt.size)
+
+    def __iter__(self):
+        pos = 0
+        while True:
+            if pos < len(self._req.output):
+                pos += 1
+                yield self._req.output[pos - 1]
+            elif self._req.status == "finished":
+                return
+            else:
+                self._core.step()
+
+    def cancel(self) -> None:
+        self._core.cancel(self)
+
+    def __repr__(self) -> str:
+        return f"RequestHandle({self.request_id!r}, status={self.status!r}, tokens={len(self.output)})"
