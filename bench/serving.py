@@ -53,6 +53,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import traceback
@@ -273,9 +274,12 @@ class Server:
 
         self.port = port or _free_port()
         self.log = open(log, "w")
+        model = os.path.abspath(model) if os.path.exists(model) else model
         cmd = [sys.executable, "-m", "jaxspec.serve", "--model", model, "--port", str(self.port), *extra]
         print("http: " + " ".join(cmd), flush=True)
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
+        # from the temp folder: `python -m` puts its working folder first on sys.path, and a source tree's
+        # jaxspec/ (no kernels/ mapped into it) must not shadow the installed package
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, cwd=tempfile.gettempdir())
         deadline = time.time() + start_s
         while time.time() < deadline:
             if self.proc.poll() is not None:
