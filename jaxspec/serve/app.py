@@ -73,19 +73,18 @@ async def _run(request, req: protocol.Parsed, chat: bool):
     loop = asyncio.get_running_loop()
     sub = Submission(req.prompt_ids, req.params, loop, asyncio.Queue())
     driver.submit(sub)
-    first = await sub.events.get()
-    if first[0] == "error":
-        raise protocol.core_error(first[1], req)
-    if first[0] == "failed":
-        return web.json_response({"error": {"message": first[1], "type": "server_error", "param": None,
-                                            "code": None}}, status=500)
-    tok = request.app[TOKENIZER]
-    text = _Stream(tok, req.params.stop_token_ids, req.stop)
+    text = _Stream(request.app[TOKENIZER], req.params.stop_token_ids, req.stop)
     rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
     created = int(time.time())
     name = request.app[MODEL_NAME]
     done = False
-    try:
+    try:  # from here on a disconnect (the handler cancelled) or an error cancels the request
+        first = await sub.events.get()
+        if first[0] == "error":
+            raise protocol.core_error(first[1], req)
+        if first[0] == "failed":
+            return web.json_response({"error": {"message": first[1], "type": "server_error", "param": None,
+                                                "code": None}}, status=500)
         if req.stream:
             resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
             await resp.prepare(request)
@@ -186,8 +185,9 @@ async def metrics(request):
     lines += ["# HELP jaxspec_requests_finished_total requests ended, by finish reason",
               "# TYPE jaxspec_requests_finished_total counter"]
     lines += [f'jaxspec_requests_finished_total{{finish_reason="{k}"}} {v}' for k, v in sorted(finished.items())]
-    return web.Response(text="\n".join(lines) + "\n", content_type="text/plain", charset="utf-8",
-                        headers={"X-Content-Type-Options": "nosniff"})
+    return web.Response(body=("\n".join(lines) + "\n").encode(),
+                        headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8",
+                                 "X-Content-Type-Options": "nosniff"})
 
 
 TOKENIZER = web.AppKey("tokenizer", Tokenizer)

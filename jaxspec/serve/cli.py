@@ -31,7 +31,6 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--page-size", type=int, default=16, help="KV page size in tokens")
     p.add_argument("--num-pages", type=int, help="KV pool in pages (default: max-batch full requests)")
     p.add_argument("--rounds-per-step", type=int, default=4, help="decode rounds per serving step")
-    p.add_argument("--max-prefill-tokens", type=int, help="prompt tokens prefilled per step (default: the core's)")
     p.add_argument("--dtype", choices=("bf16", "f32"), default="f32", help="weight dtype")
     p.add_argument("--served-model-name", help="the name clients send as `model` (default: --model)")
     return p
@@ -79,8 +78,7 @@ def build(args):
         spec = specs if len(specs) > 1 else specs[0]
     eng = Engine(target, drafter, spec=spec, max_context=args.max_context, page_size=args.page_size,
                  max_batch=args.max_batch, num_pages=args.num_pages, adaptive=True if args.adaptive else None)
-    kw = {} if args.max_prefill_tokens is None else {"max_prefill_tokens": args.max_prefill_tokens}
-    se = ServingEngine(eng, rounds_per_step=args.rounds_per_step, sampling=True, **kw)
+    se = ServingEngine(eng, rounds_per_step=args.rounds_per_step, sampling=True)
     return se, tok, args.served_model_name or args.model
 
 
