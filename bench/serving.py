@@ -600,7 +600,7 @@ def main(argv=None) -> int:
 
                 model = DEFAULT_WEIGHTS if args.tiny else args.model
                 log = (args.json or "serving.json") + ".server.log"
-                same = ["--max-batch", str(args.max_batch), "--max-context", str(setup.engine("plain").max_context),
+                same = ["--served-model-name", "jaxspec", "--max-batch", str(args.max_batch), "--max-context", str(setup.engine("plain").max_context),
                         "--page-size", str(args.page_size), "--rounds-per-step", str(args.rounds),
                         "--dtype", "bf16" if args.dtype == "bfloat16" else "f32"]
                 server = Server(model, args.port, same + args.http_args.split(), args.http_start_s, log)
