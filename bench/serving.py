@@ -79,7 +79,7 @@ def _parse(argv):
     ap.add_argument("--spec", default="3,1,4", help="the spec mode's S,K,N")
     ap.add_argument("--rounds", type=int, default=4, help="ServingEngine rounds_per_step")
     ap.add_argument("--warmup", type=int, default=4, help="warm-up requests per mode (at least one per bucket)")
-    ap.add_argument("--num-prompts", type=int, default=16, help="--tiny: synthetic prompts")
+    ap.add_argument("--num-prompts", type=int, default=16, help="how many synthetic prompts (with --tiny)")
     ap.add_argument("--seed", type=int, default=0, help="output limits (seed) and arrival gaps (seed + 1)")
     ap.add_argument("--page-size", type=int, default=16, help="KV page size")
     ap.add_argument("--device", choices=["cpu", "gpu"], default="gpu", help="JAX platform")
@@ -506,12 +506,8 @@ def run_mode(run, setup, mode, rates, args, http_server=None):
             t_build = time.perf_counter()
             if mode == "static":
                 eng = setup.engine(mode)
-                if not warmed:
-                    ww = warm_work(setup.prompts, a.max_batch, 8, eng.max_context)
-                    static_run(eng, ww[:a.max_batch])
-                    tail = len(work) % a.max_batch
-                    if tail:
-                        static_run(eng, ww[:tail] if len(ww) >= tail else work[:tail])
+                if not warmed:  # the same batches once untimed: every (prompt bucket, length) compiled
+                    static_run(eng, work)
                 warmed = True
                 warm_s = time.perf_counter() - t_build
                 traces, t0 = static_run(eng, work)
