@@ -1,0 +1,75 @@
+"""``jaxspec.serving.costs.StepCosts``: the overhead per round is the median of what steps took beyond their rounds'
+in-loop cost, and it shifts every mode's price equally."""
+
+import numpy as np
+import pytest
+
+from jaxspec.engine.policy import init_policy_state
+from jaxspec.serving.costs import StepCosts
+
+
+def test_no_steps_means_the_in_loop_costs():
+    c = StepCosts([1e-3, 2.5e-3])
+    assert c.overhead == 0.0
+    np.testing.assert_array_equal(c.round_cost(), np.float32([1e-3, 2.5e-3]))
+    assert c.round_cost().dtype == np.float32
+
+
+def test_overhead_is_the_median_per_round():
+    base = np.array([1e-3, 2.5e-3])
+    c = StepCosts(base, window=5)
+    # steps of 4 plain rounds with 6 ms of overhead (1.5 ms per round), one that compiled (2 s), one mixed step
+    for _ in range(3):
+        c.observe(4 * 1e-3 + 6e-3, [4, 0])
+    c.observe(2.0, [4, 0])
+    c.observe(1e-3 + 3 * 2.5e-3 + 6e-3, [1, 3])
+    assert c.overhead == pytest.approx(1.5e-3)
+    np.testing.assert_allclose(c.round_cost(), base + 1.5e-3, rtol=1e-6)
+
+
+def test_the_window_forgets_old_steps():
+    c = StepCosts([1e-3], window=2)
+    c.observe(1e-3 + 9e-3, [1])
+    c.observe(2e-3, [2])
+    c.observe(2e-3, [2])
+    assert c.overhead == 0.0
+
+
+def test_a_step_faster_than_its_rounds_costs_nothing_extra():
+    c = StepCosts([2e-3, 4e-3])
+    c.observe(1e-3, [2, 0])
+    assert c.overhead == 0.0
+
+
+def test_a_step_without_rounds_is_skipped():
+    c = StepCosts([1e-3, 2e-3])
+    c.observe(5.0, [0, 0])
+    assert c.overhead == 0.0
+
+
+def test_overhead_can_turn_the_policy_to_speculation():
+    """In-loop, a shape accepting 2 per round at 2.5x plain's cost loses (2/2.5 < 1); with 1.5x plain's cost of
+    step overhead per round it wins ((2 / 4) > (1 / 2.5))."""
+    c = StepCosts([1e-3, 2.5e-3])
+    accept = np.array([1.0, 2.0])
+    assert np.argmax(accept / c.round_cost()) == 0
+    c.observe(4e-3 + 6e-3, [4, 0])
+    assert np.argmax(accept / c.round_cost()) == 1
+    init_policy_state(c.round_cost(), [1.0, 4.0])  # a valid policy cost vector
+
+
+@pytest.mark.parametrize("base, window, match", [
+    ([0.0, 1e-3], 8, "base"), ([np.nan], 8, "base"), ([], 8, "base"), ([[1e-3]], 8, "base"),
+    ([1e-3], 0, "window"), ([1e-3], True, "window"), ([1e-3], 2.0, "window"),
+])
+def test_bad_arguments_are_named(base, window, match):
+    with pytest.raises(ValueError, match=match):
+        StepCosts(base, window=window)
+
+
+def test_bad_rounds_are_named():
+    c = StepCosts([1e-3, 2e-3])
+    with pytest.raises(ValueError, match="rounds"):
+        c.observe(1.0, [1])
+    with pytest.raises(ValueError, match="rounds"):
+        c.observe(1.0, [1, -1])
