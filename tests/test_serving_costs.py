@@ -73,3 +73,33 @@ def test_bad_rounds_are_named():
         c.observe(1.0, [1])
     with pytest.raises(ValueError, match="rounds"):
         c.observe(1.0, [1, -1])
+
+
+def test_an_adaptive_core_prices_its_policy_with_the_step_overhead():
+    """After steps of an adaptive core, the policy state's round costs are the calibrated ones plus the measured
+    overhead per round (> 0: a step costs host time beyond its rounds), and greedy output stays its own."""
+    from flax import nnx
+
+    from jaxspec.config import SpecConfig
+    from jaxspec.engine import AdaptivePolicy, Engine
+    import jax.numpy as jnp
+
+    from jaxspec.models import DecoderConfig, MTPDrafter, MTPModel
+    from jaxspec.serving import RequestParams, ServingEngine
+
+    cfg = DecoderConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=2, head_dim=8, rms_norm_eps=1e-5,
+                        rope_theta=10000.0)
+    target = MTPModel(cfg, rngs=nnx.Rngs(0), kv_dtype=jnp.float32, num_mtp_layers=1, num_draft_steps=2)
+    eng = Engine(target, MTPDrafter(target), spec=(SpecConfig(num_steps=2, topk=1, num_draft_tokens=3),),
+                 adaptive=AdaptivePolicy(), max_context=48, page_size=4, max_batch=2, num_pages=32)
+    base = np.float32([1e-6, 2e-6])
+    eng.round_costs[2] = base
+    se = ServingEngine(eng, rounds_per_step=2)
+    prompts = [np.arange(3, 9, dtype=np.int32), np.arange(5, 8, dtype=np.int32)]
+    out = se.generate(prompts, RequestParams(max_new_tokens=9))
+    assert se.step_costs.overhead > 0
+    np.testing.assert_array_equal(np.asarray(se._state.policy.round_cost), se.step_costs.round_cost())
+    np.testing.assert_allclose(se.step_costs.round_cost() - base, se.step_costs.overhead, rtol=1e-5)
+    solo = Engine(target, None, max_context=48, max_batch=1)
+    assert out == [solo.generate([p], 9).tokens[0].tolist() for p in prompts]

@@ -35,7 +35,8 @@ preempted. A request whose worst case exceeds the whole pool is refused by ``sub
 
 Plain, speculative (chain or tree, any ``Drafter``: MTP, EAGLE-3) or adaptive decoding (the engine's
 ``decode_loop``: an adaptive engine's policy is one for the batch, its round costs measured by
-``Engine.calibrate`` at the slot count, and it keeps learning from step to step), greedy by default;
+``Engine.calibrate`` at the slot count plus the step's own overhead per round, ``costs.StepCosts``, and it keeps
+learning from step to step), greedy by default;
 ``sampling=True`` runs the engine's sampling executable, every request with its own temperature / top-k /
 top-p / seed (its coins depend on its seed and its own round counter only, so it draws what it would draw
 alone; temperature-0 requests stay greedy). The stop token is the engine's ``eos_id`` (one for every
@@ -46,6 +47,7 @@ import collections
 import dataclasses
 import functools
 import math
+import time
 
 import jax
 import jax.numpy as jnp
@@ -62,6 +64,7 @@ from jaxspec.engine.state import DecodeState, EngineOptions, SamplingParams
 from jaxspec.engine.step import decode_loop, draft_spec_max_accept, prefill
 from jaxspec.kernels._dispatch import next_pow2
 from jaxspec.protocols import PagedKVCache
+from jaxspec.serving.costs import StepCosts
 from jaxspec.serving.pages import PagePool, pack_rows, refresh_fn
 from jaxspec.serving.request import RequestHandle, RequestOutput, RequestParams, ServingStats
 
@@ -228,7 +231,9 @@ class ServingEngine:
         self.requests: dict[str, Request] = {}
         self._next_id = 0
         self._dirty: dict[int, tuple[int, list[int]]] = {}  # slot -> (first column, pages): the next refresh
+        self.step_costs: StepCosts | None = None  # adaptive engines: the policy's round prices (costs.py)
         self._state, self._r2p = self._fresh_state()
+        self._mode_rounds = None if self.step_costs is None else np.zeros_like(self.step_costs.base, np.int64)
         self._seq_lens = np.zeros((self.num_slots,), np.int32)  # the last read of the committed lengths
         self._generated = self._rounds = self._accepted = 0  # stats()
 
@@ -243,6 +248,7 @@ class ServingEngine:
         policy = None
         if eng.opts.adaptive is not None:  # one policy for the batch, learning across steps (a warm start)
             cost = eng.round_costs[b] if b in eng.round_costs else eng.calibrate(b)
+            self.step_costs = StepCosts(cost)
             policy = init_policy_state(cost, draft_spec_max_accept(eng.opts.specs))
         state = allocate_state(tcache, draft, num_requests=b, max_new_tokens=np.full((b,), next_pow2(w), np.int32),
                                eos_id=eng.eos_id, sampling=sampling, vocab_size=eng.vocab_size, policy=policy,
@@ -361,6 +367,7 @@ class ServingEngine:
     def step(self) -> list[RequestOutput]:
         """One iteration (module docstring): admit, assign pages, prefill the admitted, run ``R`` rounds, read
         back once, retire. Returns the outputs of the requests that produced tokens or ended."""
+        t_start = time.perf_counter()
         r, n = self.rounds_per_step, self.verify_width
         admitted = self.scheduler.admit()
         for req in admitted:
@@ -385,9 +392,15 @@ class ServingEngine:
         decode = _decode_fn(self.engine.graphdef, self.engine.treedef, self.engine.opts, checks_enabled())
         self._state = self._call(decode, self.engine.params, self._state, jax.device_put(np.int32(r)))
         st = self._state
-        done, num, seq, out, rounds, acc = jax.device_get((st.done, st.num_generated, st.seq_lens, st.out_tokens,
-                                                           st.num_rounds, st.num_accepted))
+        modes = None if st.policy is None else st.policy.mode_rounds
+        done, num, seq, out, rounds, acc, modes = jax.device_get((st.done, st.num_generated, st.seq_lens,
+                                                                  st.out_tokens, st.num_rounds, st.num_accepted, modes))
         self._seq_lens = seq
+        if self.step_costs is not None:  # the step's wall time prices the policy's next rounds
+            self.step_costs.observe(time.perf_counter() - t_start, modes - self._mode_rounds)
+            self._mode_rounds = modes.astype(np.int64)
+            self._state = dataclasses.replace(st, policy=dataclasses.replace(
+                st.policy, round_cost=jax.device_put(self.step_costs.round_cost())))
         outputs = []
         for slot, req in list(self.scheduler.running.items()):
             new = out[slot, len(req.output): num[slot]].tolist()
