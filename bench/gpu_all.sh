@@ -4,7 +4,7 @@
 #   bash bench/gpu_all.sh [parts]
 # parts (default: env tests kernels check step decode; also decode-quick (greedy device loop only), attention,
 # attention-quick, train, e2e: end-to-end at 8B / 1B scale, bench/e2e.py --quick, about 9 min on its own;
-# e2e-flags, call-cost: bench/call_cost.py; the real model: gguf0, gguf1, drafters, real, see bench/gpu_real.sh). Each part has its own time limit; all of them together take more
+# e2e-flags, call-cost: bench/call_cost.py; the real model: gguf0..gguf3, gguf, drafters, real, serving, see bench/gpu_real.sh). Each part has its own time limit; all of them together take more
 # than 10 minutes, so on a machine lent for 10 minutes at a time run them in groups, e.g. "env tests check step"
 # then "env decode attention".
 # Writes logs/JSON/PNG under $OUT (or ./out). Keeps going after a failing part; exit 1 if any failed.
@@ -61,8 +61,9 @@ for p in $PARTS; do case $p in
       ${TRAIN_ARGS:---config demo --steps 2500 --batch 32} ;;
   attention) run attention 330 $PY bench/attention.py --json "$OUT/attention.json" --png "$OUT/attention.png" ;;
   attention-quick) run attention 150 $PY bench/attention.py --quick --triton --json "$OUT/attention.json" --png "$OUT/attention.png" ;;
-  # the real model (SmolLM2-135M-Instruct): gguf0 / gguf1 (its GGUF in two halves), drafters, real (bench/gpu_real.sh)
-  gguf0|gguf1|drafters|real) bash bench/gpu_real.sh "$p" || fail=1 ;;
+  # the real model (SmolLM2-135M-Instruct): gguf0..gguf3 (its GGUF in parts), gguf (assembled), drafters, real,
+  # serving (bench/gpu_real.sh)
+  gguf[0-9]|gguf|drafters|real|serving) bash bench/gpu_real.sh "$p" || fail=1 ;;
   *) echo "unknown part $p"; fail=1 ;;
 esac; done
 exit $fail

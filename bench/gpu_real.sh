@@ -3,13 +3,13 @@
 # MT-Bench against transformers (bench/real_model.py).  bash bench/gpu_real.sh PART...
 #
 # The GPU machine has no network, so the inputs come with the call (REAL_INPUTS, default ../ of this tree):
-#   $REAL_INPUTS/p0/part00, p1/part01  the GGUF in two halves (`split -b 49181216 -d MODEL.gguf part`), sent over
-#                                       two consecutive calls while the machine stays warm (one call carries 64 MiB)
+#   $REAL_INPUTS/pN/part0N              the GGUF in parts (`split -b 24590608 -d MODEL.gguf part`: four beside the
+#                                       38 MB tree), one per call while the machine stays warm (a call carries 64 MiB)
 #   $REAL_INPUTS/w/gguf-*.whl           the gguf package (pure Python; not in the GPU image)
 #   $REAL_INPUTS/q/question.jsonl       MT-Bench questions (python -m jaxspec.data.mtbench)
 # State that later calls of the same warm machine reuse lives under /tmp (the model, the site, the runs).
 # Parts:
-#   gguf0     keep part00;  gguf1: add part01, assemble /tmp/model.gguf and check its sha256
+#   gguf0..gguf9  keep part0N under /tmp/parts;  gguf: assemble /tmp/model.gguf from the parts, check its sha256
 #   drafters  bench/train_heads.sh: the self-distilled data, then the EAGLE-3 and MTP heads (resumable: a rerun
 #             continues where a cut-short one stopped; on one H200 the whole recipe needs two calls)
 #   real      bench/real_model.py (REAL_ARGS: its options; heads: $OUT/heads from drafters, else the shipped ones)
@@ -36,9 +36,8 @@ heads() {  # the heads real_model.py uses: this machine's trained ones, else the
   MTP=$RUNS/mtp/mtp; [ -f "$MTP/config.json" ] || MTP=$a-mtp
 }
 for p in "$@"; do case $p in
-  gguf0) mkdir -p /tmp/parts && cp "$IN/p0/part00" /tmp/parts/ && ls -la /tmp/parts ;;
-  gguf1) cp "$IN/p1/part01" /tmp/parts/ && cat /tmp/parts/part00 /tmp/parts/part01 > $GGUF \
-           && echo "$GGUF_SHA  $GGUF" | sha256sum -c | tee "$OUT/gguf.sha256" || fail=1 ;;
+  gguf[0-9]) n=${p#gguf}; mkdir -p /tmp/parts && cp "$IN/p$n/part0$n" /tmp/parts/ && ls -la /tmp/parts || fail=1 ;;
+  gguf) cat /tmp/parts/part0* > $GGUF && echo "$GGUF_SHA  $GGUF" | sha256sum -c | tee "$OUT/gguf.sha256" || fail=1 ;;
   drafters) site  # bench/train_heads.sh under per-stage limits; heads and curves come back as heads.tar.NN (the
     # device returns at most 8 files of 16 MiB): cat heads.tar.* | tar -x
     DATA_TIMEOUT=${DATA_TIMEOUT:-170} E3_TIMEOUT=${E3_TIMEOUT:-300} MTP_TIMEOUT=${MTP_TIMEOUT:-150} PY=python3 \
