@@ -48,7 +48,8 @@ for p in "$@"; do case $p in
     XLA_FLAGS="${XLA_FLAGS-$GPU_XLA_FLAGS}" run real ${REAL_TIMEOUT:-560} env -u TORCHDYNAMO_DISABLE python3 bench/real_model.py \
       --model $GGUF --questions "$IN/q/question.jsonl" --eagle3 "$E3" --mtp "$MTP" --json "$OUT/real_model.json" \
       --png "$OUT/real_model.png" ${REAL_ARGS:-} ;;
-  serving) site
+  serving) site  # one persistent compilation cache: the http mode's server reuses the in-process plain compiles
+    export JAX_COMPILATION_CACHE_DIR=/tmp/jax_cache JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0.2
     XLA_FLAGS="${XLA_FLAGS-$GPU_XLA_FLAGS}" run serving ${SERVING_TIMEOUT:-540} python3 bench/serving.py \
       --model $GGUF --questions "$IN/q/question.jsonl" --eagle3 "$SRC/jaxspec/assets/heads/smollm2-135m-instruct-eagle3" \
       --budget-s ${SERVING_BUDGET:-480} --json "$OUT/serving.json" --png "$OUT/serving.png" ${SERVING_ARGS:-} ;;
