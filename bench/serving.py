@@ -23,9 +23,11 @@ Modes (``--modes``):
   on batches of ``max_batch`` requests in arrival order, each batch waiting for its longest request. Its tokens
   arrive with the batch's end (no streaming): TTFT = latency = the batch's end; ITL / TPOT are not reported.
 * ``http``: the same load through ``python -m jaxspec.serve --model M --port P`` (a subprocess, plain decoding,
-  the plain engine's max batch, context, page size and rounds per step, ``--http-args`` appended; ready when ``GET /health`` answers 200): streaming ``POST /v1/completions`` with the
-  prompt as token ids, ``max_tokens``, ``temperature`` 0, ``stream_options.include_usage``; one client thread per
-  request (the standard library's ``http.client``). Against ``plain`` it measures the HTTP layer's own cost.
+  the plain engine's max batch, context, page size and rounds per step, ``--http-args`` appended; ready when
+  ``GET /health`` answers 200): streaming ``POST /v1/completions`` with the prompt as token ids, ``max_tokens``,
+  ``temperature`` 0, the in-process stop tokens (``ignore_eos`` + ``stop_token_ids``), ``return_token_ids`` and
+  ``stream_options.include_usage``; every request a task of one asyncio loop on one ``aiohttp`` session.
+  Against ``plain`` it measures the HTTP layer's own cost.
 
 In-process driver: a real-time loop that submits every request whose arrival time has passed, calls ``step()``
 and timestamps each ``RequestOutput`` as it returns (it sleeps only when nothing runs and the next arrival is
@@ -33,8 +35,8 @@ ahead). Per request: TTFT = time of the first chunk - arrival time; latency = ti
 TPOT = (latency - TTFT) / (n - 1) (n tokens; requests with n > 1). Inter-token latency (ITL): a chunk of ``k``
 tokens arriving ``dt`` after the request's previous chunk counts as ``k`` gaps of ``dt / k``; the first chunk's
 tokens arrive at TTFT and give no gap. Chunk gaps (``dt`` per chunk after the first) are reported as well. HTTP:
-the tokens of a streamed event are its ``token_ids`` when the server sends them, else one per event; the request's
-``n`` is the usage's ``completion_tokens``.
+a chunk is a streamed event, its tokens its ``token_ids``, timed as the client reads it; their sum must equal the
+usage's ``completion_tokens`` (else the request's ``finish_reason`` is an error).
 
 Rows (one per mode and rate, written to ``--json`` as soon as measured): ``requests``, ``finished``,
 ``output_tokens``, ``duration_s`` (first arrival to last token), ``request_throughput`` and ``output_tok_s``
@@ -54,7 +56,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import traceback
 
@@ -176,28 +177,12 @@ def metrics(traces: list[Trace], t_start: float) -> dict:
 
 
 # ------------------------------------------------------------------------------------------------ in process
-def _submit(se, prompt, max_new: int, stop_ids):
-    """Queue one greedy request on ``se``; returns its request id."""
-    from jaxspec import serving
-
-    if hasattr(se, "submit") and hasattr(serving, "RequestParams"):
-        params = serving.RequestParams(max_new_tokens=max_new, temperature=0.0, stop_token_ids=tuple(stop_ids))
-        return se.submit(prompt, params).request_id
-    return se.add_request(prompt, max_new)
-
-
-def _accept_counters(se):
-    """``(accepted_tokens, rounds, mean_accept_length)`` of ``se.stats()``, or Nones without ``stats``."""
-    if not hasattr(se, "stats"):
-        return None, None, None
-    st = se.stats()
-    return (getattr(st, "accepted_tokens", None), getattr(st, "rounds", None), getattr(st, "mean_accept_length", None))
-
-
 def drive(se, work, stop_ids=(), clock=time.perf_counter) -> tuple[list[Trace], float, float | None]:
     """Run ``work`` (``workload``'s list) through ``se`` in real time; returns the traces (in ``work``'s order),
-    the run's start time and the mean accept length over its steps (None when the core has no ``stats``)."""
-    a0, r0, _ = _accept_counters(se)
+    the run's start time and the mean accept length over its steps (``se.stats()`` before and after)."""
+    from jaxspec.serving import RequestParams
+
+    s0 = se.stats()
     t0 = clock()
     traces = [Trace(t0 + t, m) for t, _, m in work]
     pending = collections.deque(range(len(work)))
@@ -206,7 +191,8 @@ def drive(se, work, stop_ids=(), clock=time.perf_counter) -> tuple[list[Trace], 
         now = clock()
         while pending and traces[pending[0]].arrival <= now:
             i = pending.popleft()
-            by_id[_submit(se, work[i][1], work[i][2], stop_ids)] = traces[i]
+            params = RequestParams(max_new_tokens=work[i][2], temperature=0.0, stop_token_ids=tuple(stop_ids))
+            by_id[se.submit(work[i][1], params).request_id] = traces[i]
         if not se.has_unfinished():
             time.sleep(max(0.0, traces[pending[0]].arrival - clock()))
             continue
@@ -217,10 +203,9 @@ def drive(se, work, stop_ids=(), clock=time.perf_counter) -> tuple[list[Trace], 
             tr.add(t, len(o.new_token_ids))
             if o.finished:
                 tr.finish_reason = o.finish_reason
-    a1, r1, mean = _accept_counters(se)
-    if None not in (a0, r0, a1, r1) and r1 > r0:
-        mean = (a1 - a0) / (r1 - r0)
-    return traces, t0, mean
+    s1 = se.stats()
+    rounds = s1.rounds - s0.rounds
+    return traces, t0, (s1.accepted_tokens - s0.accepted_tokens) / rounds if rounds > 0 else None
 
 
 def warm_work(prompts, count: int, max_new: int, page_ctx: int):
@@ -284,13 +269,15 @@ class Server:
         while time.time() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"python -m jaxspec.serve exited with {self.proc.returncode} (log {log})")
+            c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=5)
             try:
-                c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=5)
                 c.request("GET", "/health")
                 if c.getresponse().status == 200:
                     return
             except OSError:
                 pass
+            finally:
+                c.close()
             time.sleep(0.5)
         self.close()
         raise RuntimeError(f"python -m jaxspec.serve: no 200 from /health within {start_s} s (log {log})")
@@ -305,62 +292,59 @@ class Server:
         self.log.close()
 
 
-def _stream_one(port: int, prompt, max_new: int, tr: Trace, clock):
-    import http.client
-
-    body = json.dumps(dict(model="jaxspec", prompt=[int(x) for x in prompt], max_tokens=int(max_new),
-                           temperature=0.0, stream=True, stream_options=dict(include_usage=True)))
-    c = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
-    c.request("POST", "/v1/completions", body=body, headers={"Content-Type": "application/json"})
-    resp = c.getresponse()
-    if resp.status != 200:
-        tr.finish_reason = f"http {resp.status}: {resp.read()[:200]!r}"
-        return
-    usage = None
-    while True:
-        line = resp.readline()
-        if not line:
-            break
-        line = line.strip()
-        if not line.startswith(b"data:"):
-            continue
-        data = line[5:].strip()
-        if data == b"[DONE]":
-            break
-        t = clock()
-        ev = json.loads(data)
-        if ev.get("usage"):
-            usage = ev["usage"]
-        for ch in ev.get("choices") or []:
-            ids = ch.get("token_ids")
-            tr.add(t, len(ids) if ids is not None else (1 if ch.get("text") else 0))
-            if ch.get("finish_reason"):
-                tr.finish_reason = ch["finish_reason"]
-    c.close()
-    if usage and "completion_tokens" in usage:
-        tr.n = int(usage["completion_tokens"])
+async def _stream_one(session, url: str, prompt, max_new: int, stop_ids, tr: Trace, clock):
+    """One streaming ``/v1/completions`` into ``tr``: each event's ``token_ids`` timed at its arrival; the
+    usage's ``completion_tokens`` must equal their sum (else ``finish_reason`` records the mismatch)."""
+    body = dict(model="jaxspec", prompt=[int(x) for x in prompt], max_tokens=int(max_new), temperature=0.0,
+                stream=True, stream_options=dict(include_usage=True), ignore_eos=True,
+                stop_token_ids=[int(x) for x in stop_ids], return_token_ids=True)
+    async with session.post(url, json=body) as resp:
+        if resp.status != 200:
+            tr.finish_reason = f"http {resp.status}: {(await resp.read())[:200]!r}"
+            return
+        usage, reason = None, None
+        async for line in resp.content:
+            if not line.startswith(b"data:"):
+                continue
+            data = line[5:].strip()
+            if data == b"[DONE]":
+                break
+            t = clock()
+            ev = json.loads(data)
+            usage = ev.get("usage") or usage
+            for ch in ev.get("choices") or ():
+                tr.add(t, len(ch["token_ids"]))
+                reason = ch.get("finish_reason") or reason
+    n = None if usage is None else usage.get("completion_tokens")
+    tr.finish_reason = reason if n == tr.n else f"error: usage.completion_tokens {n}, token_ids {tr.n}"
 
 
-def http_drive(port: int, work, clock=time.perf_counter) -> tuple[list[Trace], float]:
-    """``work`` through the server: one thread per request started at its arrival time."""
-    t0 = clock()
-    traces = [Trace(t0 + t, m) for t, _, m in work]
-    threads = []
+def http_drive(port: int, work, stop_ids=(), clock=time.perf_counter) -> tuple[list[Trace], float]:
+    """``work`` through the server: every request started at its arrival time, all on one event loop and one
+    ``aiohttp`` session (no connection limit; closed at the end)."""
+    import asyncio
 
-    def one(i):
-        try:
-            _stream_one(port, work[i][1], work[i][2], traces[i], clock)
-        except Exception as e:  # noqa: BLE001 - the request's row records it
-            traces[i].finish_reason = f"error: {e}"
+    import aiohttp
 
-    for i, tr in enumerate(traces):
-        time.sleep(max(0.0, tr.arrival - clock()))
-        th = threading.Thread(target=one, args=(i,), daemon=True)
-        th.start()
-        threads.append(th)
-    for th in threads:
-        th.join()
-    return traces, t0
+    url = f"http://127.0.0.1:{port}/v1/completions"
+
+    async def run():
+        t0 = clock()
+        traces = [Trace(t0 + t, m) for t, _, m in work]
+
+        async def one(session, i):
+            await asyncio.sleep(max(0.0, traces[i].arrival - clock()))
+            try:
+                await _stream_one(session, url, work[i][1], work[i][2], stop_ids, traces[i], clock)
+            except Exception as e:  # noqa: BLE001 - the request's row records it
+                traces[i].finish_reason = f"error: {type(e).__name__}: {e}"
+
+        conn = aiohttp.TCPConnector(limit=0)
+        async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=None)) as session:
+            await asyncio.gather(*(one(session, i) for i in range(len(work))))
+        return traces, t0
+
+    return asyncio.run(run())
 
 
 # ------------------------------------------------------------------------------------------------ setup
@@ -515,10 +499,10 @@ def run_mode(run, setup, mode, rates, args, http_server=None):
             elif mode == "http":
                 if not warmed:
                     ww = warm_work(setup.prompts, a.warmup, 8, setup.engine("plain").max_context)
-                    http_drive(http_server.port, ww)
+                    http_drive(http_server.port, ww, setup.stop_ids)
                 warmed = True
                 warm_s = time.perf_counter() - t_build
-                traces, t0 = http_drive(http_server.port, work)
+                traces, t0 = http_drive(http_server.port, work, setup.stop_ids)
                 mean_acc = None
             else:
                 se = setup.serving(mode)

@@ -1,7 +1,8 @@
 """bench/serving.py on the shipped tiny pair, on CPU: the in-process modes (plain, spec, adaptive) at one finite
 rate and at saturation and the static baseline, a handful of requests each. Every row: the fields present, every
 request finished within its limit, the output tokens summed over requests equal to the row's total, TTFT <= latency
-per request; the http mode once ``jaxspec.serve`` exists."""
+per request; the http mode (through ``python -m jaxspec.serve``) the same, each request's tokens counted from its
+streamed ``token_ids`` and equal to its usage."""
 
 import importlib
 import json
@@ -64,3 +65,5 @@ def test_http_mode(tmp_path):
     rows = _run(tmp_path, "http")
     assert [r["mode"] for r in rows] == ["http"]
     _check(rows[0])
+    # the in-process workload: the model's own stop tokens ignored, every request runs to its limit
+    assert [r["n"] for r in rows[0]["per_request"]] == rows[0]["limits"]

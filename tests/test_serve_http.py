@@ -7,7 +7,7 @@ completions give the same text, and greedy output equals ``Engine.generate`` on 
 first stop token (plain and speculative); 32 concurrent streaming clients each get exactly their own solo
 output; bad input is HTTP 400 with OpenAI's error body naming the field; unknown routes 404; a client that
 disconnects mid-stream has its request aborted and its pages freed; ``/v1/models``, ``/health`` and
-``/metrics`` (Prometheus text) answer.
+``/metrics`` (Prometheus text) answer; the extensions ``return_token_ids`` and ``stop_token_ids``.
 """
 
 import http.client
@@ -189,6 +189,31 @@ def test_token_id_prompt_stop_string_and_ignore_eos(client):
         assert (text, reason) == (full[: full.index(" 7")], "stop")
         assert _complete(client, ids, 40, stream, extra_body={"ignore_eos": True}) == _want(ids, 40, stop=False)
     assert any(t in STOP for t in _solo(ids, 40, stop=False)[:-1])  # it did decode past a stop token
+
+
+def test_token_ids_and_stop_token_ids(server, client):
+    """``return_token_ids``: the reply's token ids (streamed: each chunk's, in order; the stop token included),
+    their count the usage's; ``stop_token_ids`` with ``ignore_eos`` ends the reply at the first of those ids."""
+    ids = TOK.encode("count: 1 2 3")
+    full = _solo(ids, 40, stop=False)
+    stop_at = full[5]
+    want = full[: full.index(stop_at) + 1]
+    kw = {"return_token_ids": True, "ignore_eos": True, "stop_token_ids": [stop_at]}
+    r = client.completions.create(model=MODEL, prompt=ids, max_tokens=40, temperature=0, extra_body=kw)
+    assert (r.choices[0].token_ids, r.choices[0].finish_reason, r.usage.completion_tokens) == (want, "stop", len(want))
+    assert r.choices[0].text == _text(want[:-1], stop=False)
+    got, usage = [], None
+    for ch in client.completions.create(model=MODEL, prompt=ids, max_tokens=40, temperature=0, stream=True,
+                                        stream_options={"include_usage": True}, extra_body=kw):
+        if ch.choices:
+            got.append(ch.choices[0].token_ids)
+        else:
+            usage = ch.usage
+    assert sum(got, []) == want and usage.completion_tokens == len(want)
+    assert len([g for g in got if g]) > 1  # more than one chunk carried tokens (one per step, not one in all)
+    status, _, raw = _http(server[0].url, "POST", "/v1/completions", json.dumps(
+        {"model": MODEL, "prompt": "ab", "stop_token_ids": [-1]}).encode())
+    assert status == 400 and json.loads(raw)["error"]["param"] == "stop_token_ids"
 
 
 def test_speculative_server_equals_plain_engine():

@@ -47,11 +47,12 @@ class _Stream:
     def __init__(self, tokenizer: Tokenizer, stop_ids, stop_strings):
         self.detok = tokenizer.detokenizer(skip_special_tokens=True)
         self.stop_ids, self.stops = set(stop_ids), list(stop_strings)
-        self.text, self.sent, self.num_tokens, self.cut = "", 0, 0, False
+        self.text, self.sent, self.num_tokens, self.cut, self.ids = "", 0, 0, False, []
 
     def push(self, ids, finished: bool) -> str:
         """The text newly final after ``ids``; ``self.cut`` once a stop string ended it."""
         self.num_tokens += len(ids)
+        self.ids += ids
         ids = [i for i in ids if i not in self.stop_ids]
         self.text += self.detok.push(ids)
         if finished:
@@ -111,14 +112,20 @@ async def _run(request, req: protocol.Parsed, chat: bool):
             elif finished:
                 reason = why
                 done = True
-            if req.stream and piece:
-                await send({"index": 0, "delta": {"content": piece}, "logprobs": None, "finish_reason": None}
-                           if chat else {"index": 0, "text": piece, "logprobs": None, "finish_reason": None})
+            if req.stream and (piece or req.return_token_ids and ids):
+                choice = ({"index": 0, "delta": {"content": piece}, "logprobs": None, "finish_reason": None}
+                          if chat else {"index": 0, "text": piece, "logprobs": None, "finish_reason": None})
+                if req.return_token_ids:
+                    choice["token_ids"] = ids
+                await send(choice)
         usage = {"prompt_tokens": len(req.prompt_ids), "completion_tokens": text.num_tokens,
                  "total_tokens": len(req.prompt_ids) + text.num_tokens}
         if req.stream:
-            await send({"index": 0, "delta": {}, "logprobs": None, "finish_reason": reason} if chat
-                       else {"index": 0, "text": "", "logprobs": None, "finish_reason": reason})
+            choice = ({"index": 0, "delta": {}, "logprobs": None, "finish_reason": reason} if chat
+                      else {"index": 0, "text": "", "logprobs": None, "finish_reason": reason})
+            if req.return_token_ids:
+                choice["token_ids"] = []
+            await send(choice)
             if req.include_usage:
                 await send(None, usage, choices=False)
             await resp.write(b"data: [DONE]\n\n")
@@ -127,6 +134,8 @@ async def _run(request, req: protocol.Parsed, chat: bool):
         choice = ({"index": 0, "message": {"role": "assistant", "content": text.text}, "logprobs": None,
                    "finish_reason": reason} if chat
                   else {"index": 0, "text": text.text, "logprobs": None, "finish_reason": reason})
+        if req.return_token_ids:
+            choice["token_ids"] = text.ids
         return web.json_response({"id": rid, "object": "chat.completion" if chat else "text_completion",
                                   "created": created, "model": name, "choices": [choice], "usage": usage})
     finally:

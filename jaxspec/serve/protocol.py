@@ -6,7 +6,9 @@ string or a list of token ids, or a list holding one of them), ``max_completion_
 (default: chat, what the context leaves; completions, 16 as OpenAI), ``temperature`` (finite, >= 0; default 1
 as OpenAI), ``top_p`` (in (0, 1]), ``top_k`` (an extension: -1 / null = off, else in [1, V]), ``seed`` (an int
 in [0, 2**31); default: a fresh one), ``stop`` (a string or a list of strings, cut on the host), ``n`` (1
-only), ``stream``, ``stream_options.include_usage``, ``ignore_eos`` (an extension: no stop token). Options
+only), ``stream``, ``stream_options.include_usage``; extensions (as vLLM and SGLang name them): ``ignore_eos``
+(no stop token of the model's), ``stop_token_ids`` (more token ids that end the reply, the token counted),
+``return_token_ids`` (each choice, and each streamed chunk, carries the ``token_ids`` it covers). Options
 that would change the output and are not implemented (penalties, logprobs, tools, ...) are refused when set to
 anything but their neutral value; other fields are ignored.
 """
@@ -41,6 +43,7 @@ class Parsed:
     include_usage: bool
     prompt_field: str
     max_tokens_field: str
+    return_token_ids: bool = False
 
 
 def _number(v) -> bool:
@@ -96,12 +99,24 @@ def _common(body, tokenizer, model_name, se, prompt_ids, prompt_field, default_m
         if not isinstance(opts, dict) or not isinstance(opts.get("include_usage", False), bool):
             raise RequestError(f"stream_options: expected {{'include_usage': bool}}, got {opts!r}", "stream_options")
         include_usage = opts.get("include_usage", False)
-    ignore = body.get("ignore_eos", False)
-    if not isinstance(ignore, bool):
-        raise RequestError(f"ignore_eos: expected a boolean, got {ignore!r}", "ignore_eos")
+    ignore = _flag(body, "ignore_eos")
+    extra = body.get("stop_token_ids")
+    extra = [] if extra is None else extra
+    if not isinstance(extra, list) or not all(_int(i) and 0 <= i < eng.vocab_size for i in extra):
+        raise RequestError(f"stop_token_ids: expected a list of token ids in [0, {eng.vocab_size}), got {extra!r}",
+                           "stop_token_ids")
+    stop_ids = tuple(dict.fromkeys((() if ignore else tuple(stop_ids)) + tuple(extra)))
     params = RequestParams(max_new_tokens=int(mt), temperature=float(t), top_k=None if k in (None, -1) else k,
-                           top_p=float(p), seed=int(seed), stop_token_ids=() if ignore else tuple(stop_ids))
-    return Parsed(list(prompt_ids), params, tuple(stop), bool(stream), include_usage, prompt_field, mt_field)
+                           top_p=float(p), seed=int(seed), stop_token_ids=stop_ids)
+    return Parsed(list(prompt_ids), params, tuple(stop), bool(stream), include_usage, prompt_field, mt_field,
+                  _flag(body, "return_token_ids"))
+
+
+def _flag(body, name) -> bool:
+    v = body.get(name)
+    if v is not None and not isinstance(v, bool):
+        raise RequestError(f"{name}: expected a boolean, got {v!r}", name)
+    return bool(v)
 
 
 def _check_body(body, model_name):
