@@ -9,7 +9,7 @@ from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers, proc
 from tokenizers import Tokenizer as Backend
 
 from jaxspec.text import Tokenizer
-from jaxspec.text._gguf_meta import GGUFFormatError, read_gguf_metadata
+from jaxspec._gguf import GGUFFormatError, read_gguf_metadata
 from jaxspec.text.tokenizer import _LLAMA3_SPLIT, KNOWN_GGUF_PRE
 
 gguf = pytest.importorskip("gguf")

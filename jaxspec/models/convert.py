@@ -19,6 +19,7 @@ import sys
 
 import jax.numpy as jnp
 
+from jaxspec._gguf import read_gguf_metadata
 from jaxspec.models.checkpoint import save_model
 from jaxspec.models.fetch import MODELS, fetch_model
 from jaxspec.models.gguf import is_gguf, load_gguf, read_gguf_info
@@ -57,7 +58,6 @@ def convert_gguf(path, outdir, *, dtype="float32") -> str:
 def _write_tokenizer(path, outdir) -> None:
     """The GGUF's own tokenizer into ``outdir`` when the file has one; a vocabulary jaxspec.text cannot read is
     reported on stderr (the weights are written either way)."""
-    from jaxspec.text._gguf_meta import read_gguf_metadata  # noqa: PLC0415 (the text layer sits beside the models)
     from jaxspec.text.tokenizer import Tokenizer  # noqa: PLC0415
 
     if "tokenizer.ggml.model" not in read_gguf_metadata(path, ("tokenizer.ggml.model",)):

@@ -39,6 +39,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from jaxspec._gguf import MAGIC as _MAGIC
+from jaxspec._gguf import Bounded, read_header, read_value
 from jaxspec.models.config import DecoderConfig
 from jaxspec.models.decoder import Decoder
 
@@ -46,7 +48,6 @@ SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1")
 # type name -> (elements per block, bytes per block)
 _BLOCKS = {"F32": (1, 4), "F16": (1, 2), "BF16": (1, 2), "Q8_0": (32, 34), "Q4_0": (32, 18), "Q4_1": (32, 20)}
 _CHUNK_ELEMENTS = 1 << 22  # rows dequantized at once: at most ~4M elements of float32 scratch
-_MAGIC = b"GGUF"
 _REQUIRED = object()  # a metadata key without a default
 
 
@@ -167,59 +168,7 @@ def _reader(path):
 
 
 # GGUF value type ids (gguf.GGUFValueType) -> byte size of a scalar of that type (8: string, 9: array).
-_SCALAR_BYTES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
-_STRING, _ARRAY = 8, 9
 _MAX_DIMS = 4  # GGML_MAX_DIMS
-
-
-class _Bounded:
-    """Little-endian reads from a file that never go past its end (``ValueError`` naming what was being read)."""
-
-    def __init__(self, f, size: int, path: str):
-        self.f, self.size, self.path = f, size, path
-
-    @property
-    def left(self) -> int:
-        return self.size - self.f.tell()
-
-    def take(self, n: int, what: str) -> bytes:
-        if n > self.left:
-            raise ValueError(f"{self.path}: truncated GGUF file: {what} needs {n} bytes at offset {self.f.tell()}, "
-                             f"the file has {self.left} left")
-        return self.f.read(n)
-
-    def skip(self, n: int, what: str) -> None:
-        if n > self.left:
-            raise ValueError(f"{self.path}: truncated GGUF file: {what} needs {n} bytes at offset {self.f.tell()}, "
-                             f"the file has {self.left} left")
-        self.f.seek(n, os.SEEK_CUR)
-
-    def uint(self, n: int, what: str) -> int:
-        return int.from_bytes(self.take(n, what), "little")
-
-    def string(self, what: str) -> bytes:
-        return self.take(self.uint(8, f"{what} length"), what)
-
-
-def _skip_value(r: _Bounded, vtype: int, key: str) -> None:
-    if vtype in _SCALAR_BYTES:
-        r.skip(_SCALAR_BYTES[vtype], f"metadata {key}")
-    elif vtype == _STRING:
-        r.string(f"metadata {key}")
-    elif vtype == _ARRAY:
-        itype, n = r.uint(4, f"metadata {key} element type"), r.uint(8, f"metadata {key} length")
-        if itype in _SCALAR_BYTES:
-            r.skip(n * _SCALAR_BYTES[itype], f"metadata {key} ({n} elements)")
-        elif itype in (_STRING, _ARRAY):
-            if n * (8 if itype == _STRING else 12) > r.left:
-                raise ValueError(f"{r.path}: truncated GGUF file: metadata {key} declares {n} elements, more than "
-                                 f"the {r.left} bytes left can hold")
-            for _ in range(n):
-                _skip_value(r, itype, key)
-        else:
-            raise ValueError(f"{r.path}: GGUF metadata {key}: unknown array element type id {itype}")
-    else:
-        raise ValueError(f"{r.path}: GGUF metadata {key}: unknown value type id {vtype}")
 
 
 def check_layout(path) -> None:
@@ -232,18 +181,8 @@ def check_layout(path) -> None:
     path = os.fspath(path)
     size = os.path.getsize(path)
     with open(path, "rb") as f:
-        r = _Bounded(f, size, path)
-        if r.take(4, "magic") != _MAGIC:
-            raise ValueError(f"{path}: not a GGUF file (no GGUF magic)")
-        version = r.uint(4, "version")
-        if version & 0xFFFF == 0:
-            raise ValueError(f"{path}: a big-endian GGUF file is not supported (only little-endian)")
-        if version not in (2, 3):
-            raise ValueError(f"{path}: GGUF version {version} is not supported (2 or 3)")
-        n_tensors, n_kv = r.uint(8, "tensor count"), r.uint(8, "metadata count")
-        if n_kv * 13 > r.left or n_tensors * 24 > r.left:
-            raise ValueError(f"{path}: truncated GGUF file: {n_kv} metadata entries and {n_tensors} tensors declared, "
-                             f"more than the {r.left} bytes left can hold")
+        r = Bounded(f, size, path)
+        n_tensors, n_kv = read_header(r)
         alignment, keys = 32, set()
         for _ in range(n_kv):
             key = r.string("metadata key").decode("utf-8", "replace")
@@ -258,7 +197,7 @@ def check_layout(path) -> None:
                 if alignment == 0 or alignment & (alignment - 1):
                     raise ValueError(f"{path}: GGUF general.alignment = {alignment}: not a power of two")
                 continue
-            _skip_value(r, vtype, key)
+            read_value(r, vtype, key, keep=False)
         infos, names = [], set()
         for _ in range(n_tensors):
             name = r.string("tensor name").decode("utf-8", "replace")

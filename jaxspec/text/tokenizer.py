@@ -30,7 +30,7 @@ from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers, proc
 from tokenizers import Tokenizer as _Backend
 
 from jaxspec.text import chat as _chat
-from jaxspec.text._gguf_meta import read_gguf_metadata
+from jaxspec._gguf import read_gguf_metadata
 
 SPECIAL_TOKEN_NAMES = ("bos_token", "eos_token", "unk_token", "pad_token")
 
