@@ -3,10 +3,13 @@
 Lossless under interleaving: requests arriving at random steps (random prompt lengths and limits, some
 aborted mid-generation, more requests than slots and a pool too small for all of them at once) each get
 exactly their solo plain greedy output (``Engine.generate`` on that prompt alone; an aborted request a prefix
-of it), plain and speculative, page sizes 1 and 16. No page leak: after every schedule the free list holds
-every page; an abort frees the request's pages before it returns. Nothing recompiles as requests join and
-leave. Compiles are shared: one ServingEngine per (spec, page size), reused by every example, its KV pool
-filled with NaN at creation (a request reading a slot it did not write would turn NaN).
+of it), plain and speculative, page sizes 1 and 16, whole prompts and chunked ones (a prefill budget of 8
+tokens a step: prompts and budgets straddle chunk boundaries), greedy and sampled. No page leak: after every
+schedule the free list holds every page; an abort frees the request's pages before it returns. Nothing
+recompiles as requests join and leave (after ``warmup``: every slot bucket and chunk bucket). Compiles are
+shared: one ServingEngine per (spec, page size, prefill budget), reused by every example (the budget is no part
+of an executable: cores of one engine configuration share theirs), its KV pool filled with NaN at creation (a
+request reading a slot it did not write would turn NaN).
 """
 
 import dataclasses
@@ -23,7 +26,7 @@ from jaxspec.engine import Engine
 from jaxspec.models import DEFAULT_WEIGHTS, MTPDrafter, load_pair
 from jaxspec.protocols import PagedKVCache
 from jaxspec.serving import RequestParams, PagePool, ServingEngine
-from jaxspec.serving.core import _decode_fn, _insert_fn
+from jaxspec.serving.core import _chunk_fn, _decode_fn
 from jaxspec.testing import CompileCounter
 
 W = 64
@@ -50,13 +53,17 @@ def _model():
     return _CACHE["model"]
 
 
-def _serving(spec: str, page_size: int) -> ServingEngine:
-    key = (spec, page_size)
+CHUNKED = 8  # a prefill budget that chunks most prompts
+WHOLE = 256  # the default budget: every prompt (at most W) whole
+
+
+def _serving(spec: str, page_size: int, budget: int = WHOLE) -> ServingEngine:
+    key = (spec, page_size, budget)
     if key not in _CACHE:
         m, s = _model(), SPECS[spec]
         eng = Engine(m, None if s is None else MTPDrafter(m), spec=s, max_context=W, page_size=page_size,
                      max_batch=SLOTS, num_pages=NUM_PAGES[page_size])
-        _CACHE[key] = se = ServingEngine(eng)
+        _CACHE[key] = se = ServingEngine(eng, max_prefill_tokens=budget)
         _poison(se)  # every shared core starts from a NaN pool (see _poison)
     return _CACHE[key]
 
@@ -131,25 +138,29 @@ def _prompt(seed: int, n: int) -> tuple:
 REQUEST = st.tuples(st.integers(0, 6), st.integers(0, 2**16), st.integers(1, 20), st.integers(1, 16))
 
 
+@pytest.mark.parametrize("budget", [CHUNKED, WHOLE])
 @pytest.mark.parametrize("page_size", [1, 16])
 @pytest.mark.parametrize("spec", ["plain", "chain"])
 @settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(reqs=st.lists(REQUEST, min_size=1, max_size=7), abort=st.one_of(st.none(), st.tuples(st.integers(0, 6),
                                                                                              st.integers(0, 8))))
-def test_interleaved_equals_solo(spec, page_size, reqs, abort):
-    """Random arrivals (more requests than slots, a pool too small for all at once), one optional abort:
-    every request's output equals its solo plain greedy output (an aborted one: a prefix of it), what was
-    streamed equals the output, and every page is back on the free list afterwards."""
-    se = _serving(spec, page_size)
+def test_interleaved_equals_solo(spec, page_size, budget, reqs, abort):
+    """Random arrivals (more requests than slots, a pool too small for all at once), one optional abort (also
+    mid-prefill), prompts whole or chunked: every request's output equals its solo plain greedy output (an
+    aborted one: a prefix of it), what was streamed equals the output, and every page is back on the free list
+    afterwards."""
+    se = _serving(spec, page_size, budget)
     schedule = [(a, _prompt(seed, n), m) for a, seed, n, m in reqs]
     aborts = () if abort is None or abort[0] >= len(schedule) else (abort,)
     ids, streamed = _run(se, schedule, aborts)
     _check_outputs(se, schedule, ids, streamed, aborts)
 
 
-def test_tree_interleaved_equals_solo():
-    """Tree speculation (S3 K2 N6), page size 16: a fixed interleaving, solo outputs, no leak."""
-    se = _serving("tree", 16)
+@pytest.mark.parametrize("budget", [CHUNKED, WHOLE])
+def test_tree_interleaved_equals_solo(budget):
+    """Tree speculation (S3 K2 N6), page size 16: a fixed interleaving, prompts whole or chunked, solo outputs,
+    no leak."""
+    se = _serving("tree", 16, budget)
     schedule = [(0, _prompt(1, 5), 12), (0, _prompt(2, 17), 9), (1, _prompt(3, 3), 16), (2, _prompt(4, 11), 1),
                 (4, _prompt(5, 20), 14), (5, _prompt(6, 8), 6)]
     ids, streamed = _run(se, schedule)
@@ -173,9 +184,10 @@ def _poison(se: ServingEngine) -> None:
 @pytest.mark.parametrize("spec", ["plain", "chain"])
 def test_poisoned_pool(spec, page_size):
     """With every KV slot of the pool poisoned first, and many admissions and retirements through a
-    pool too small for all requests at once, outputs still equal the solo ones: no request reads a slot it did
-    not write itself (nor writes into another request's pages)."""
-    se = _serving(spec, page_size)
+    pool too small for all requests at once, prompts prefilled in chunks, outputs still equal the solo ones: no
+    request reads a slot it did not write itself (nor writes into another request's pages), a chunk reads its
+    prefix from its own pages."""
+    se = _serving(spec, page_size, CHUNKED)
     _poison(se)
     rng = np.random.default_rng(7)
     schedule = [(int(rng.integers(0, 10)), _prompt(100 + i, int(rng.integers(1, 21))), int(rng.integers(1, 17)))
@@ -210,20 +222,37 @@ def test_abort_frees_pages_at_once():
         se.cancel("nope")
 
 
-def test_no_recompile_as_requests_join_and_leave():
-    """After one schedule touching every prompt bucket, another schedule of joins, aborts and retirements
-    compiles nothing: one decode loop, one table refresh, one prefill per prompt bucket."""
-    se = _serving("chain", 1)
-    warm = [(0, _prompt(20, 3), 4), (0, _prompt(21, 12), 3), (1, _prompt(22, 20), 2)]
-    _run(se, warm)
-    before = COMPILES.count
-    schedule = [(s, _prompt(30 + s, 1 + (5 * s) % 20), 1 + (3 * s) % 16) for s in range(8)]
-    ids, streamed = _run(se, schedule, aborts=((2, 3),))
-    assert COMPILES.count == before, COMPILES.count - before
+@pytest.mark.parametrize("spec", ["plain", "chain"])
+def test_steady_state_compiles_nothing(spec):
+    """After ``warmup`` (the table refresh, the decode loop of every slot bucket, both prefills of every chunk
+    bucket), a long random schedule of arrivals, aborts (some mid-prefill) and retirements, with prompts of any
+    length (whole or in chunks of a 16-token budget), compiles nothing and decodes at every slot bucket; outputs
+    solo."""
+    se = _serving(spec, 1, 16)
+    rng = np.random.default_rng(5 if spec == "plain" else 6)
+    schedule = [(int(rng.integers(0, 40)), _prompt(300 + i, int(rng.integers(1, 45))), int(rng.integers(1, 17)))
+                for i in range(30)]
+    aborts = ((3, 12), (17, 30), (25, 33))
+    for _, prompt, max_new in schedule:
+        _solo(prompt, max_new)  # the references compile on their own
+    se.warmup()
     eng = se.engine
-    assert _decode_fn(eng.graphdef, eng.treedef, eng.opts, False)._cache_size() == 1
-    assert _insert_fn(eng.graphdef, eng.treedef, eng.opts, False)._cache_size() == 3  # buckets 8, 16, 32
-    _check_outputs(se, schedule, ids, streamed, aborts=((2, 3),))
+    assert se.slot_buckets == [1, 2, 4] and se.chunk_buckets == [8, 16]
+    buckets = []
+    decode = se._decode
+    se._decode = lambda b: buckets.append(b) or decode(b)
+    before = COMPILES.count
+    try:
+        ids, streamed = _run(se, schedule, aborts)
+    finally:
+        del se._decode
+    assert COMPILES.count == before, COMPILES.count - before
+    assert set(buckets) == {1, 2, 4}, sorted(set(buckets))
+    for b in se.slot_buckets:
+        assert _decode_fn(eng.graphdef, eng.treedef, eng.opts, False, b)._cache_size() == 1
+    for final in (False, True):
+        assert _chunk_fn(eng.graphdef, eng.treedef, eng.opts, False, final)._cache_size() >= 2
+    _check_outputs(se, schedule, ids, streamed, aborts)
 
 
 def test_refusals():
@@ -285,7 +314,7 @@ def test_several_rounds_per_step():
                 (2, _prompt(54, 5), 3), (3, _prompt(55, 12), 36)]
     ids, streamed = _run(se, schedule)
     _check_outputs(se, schedule, ids, streamed)
-    assert _decode_fn(eng.graphdef, eng.treedef, eng.opts, False)._cache_size() == 1
+    assert all(_decode_fn(eng.graphdef, eng.treedef, eng.opts, False, b)._cache_size() <= 1 for b in (1, 2, 4))
     se = ServingEngine(eng, rounds_per_step=4)
     short = _add(se, np.array(_prompt(56, 4), np.int32), 2)  # its first round ends it
     long = _add(se, np.array(_prompt(57, 4), np.int32), 40)
@@ -300,7 +329,7 @@ def test_one_host_read_per_step(monkeypatch):
     """A step transfers nothing implicitly (``jax.transfer_guard("disallow")``) and reads the device once: one
     ``jax.device_get`` of six arrays, and no other array read back (``bool`` / ``int`` / ``tolist`` of a device
     array go through ``_value``, counted; NumPy's buffer protocol on a CPU array is not seen here); an abort
-    reads nothing."""
+    reads nothing, and neither does a step that only prefilled a non-final chunk."""
     se = _serving("chain", 16)
     calls, reads = [], []
     real = jax.device_get
@@ -320,18 +349,31 @@ def test_one_host_read_per_step(monkeypatch):
                 se.cancel(a)
                 assert (len(calls), len(reads)) == (n, m)
     assert len(calls) == steps and len(reads) == 6 * steps
+    se = _serving("chain", 16, CHUNKED)
+    calls.clear()
+    reads.clear()
+    h = se.submit(np.array(_prompt(62, 20), np.int32), RequestParams(max_new_tokens=6))
+    steps = 0
+    with jax.transfer_guard("disallow"):
+        while se.has_unfinished():
+            se.step()
+            steps += 1
+    # chunks 8, 8 (4 left: at least the MTP lookahead of 3), then 4 and the decode
+    assert len(calls) == steps - 2 and len(reads) == 6 * (steps - 2)
+    assert h.output == _solo(_prompt(62, 20), 6)
 
 
 def test_sampled_requests_draw_what_they_draw_alone():
-    """A sampling core (chain speculation, page size 16): requests with their own temperature / top-k / top-p /
-    seed, interleaved, each produce exactly the tokens the same engine configuration draws for them alone
-    (``Engine.generate`` of that one prompt with those parameters); a temperature-0 request stays greedy."""
+    """A sampling core (chain speculation, page size 16, prompts of 3 to 19 tokens prefilled in chunks of a budget
+    of 8): requests with their own temperature / top-k / top-p / seed, interleaved, each produce exactly the
+    tokens the same engine configuration draws for them alone, unchunked (``Engine.generate`` of that one prompt
+    with those parameters); a temperature-0 request stays greedy."""
     m = _model()
 
     def engine(batch, pages):
         return Engine(m, MTPDrafter(m), spec=CHAIN, max_context=W, page_size=16, max_batch=batch, num_pages=pages)
 
-    se = ServingEngine(engine(SLOTS, NUM_PAGES[16]), sampling=True)
+    se = ServingEngine(engine(SLOTS, NUM_PAGES[16]), sampling=True, max_prefill_tokens=CHUNKED)
     solo = engine(1, 5)
     params = [dict(temperature=1.0, seed=3), dict(temperature=0.7, top_k=8, seed=5), dict(temperature=0.0),
               dict(temperature=1.3, top_p=0.9, seed=7), dict(temperature=1.0, seed=3)]

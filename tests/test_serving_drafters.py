@@ -1,9 +1,10 @@
 """The continuous-batching core with every kind of engine it serves, on CPU: an EAGLE-3 drafter (random head on a
 random target, so drafts are mostly rejected and the verify path runs its partial-accept branches) and an
 adaptive engine (MTP with a chain and a tree, a policy that probes often so it switches modes mid-request).
-Requests arrive at different steps, more than there are slots; each one's greedy output must equal its solo
-plain greedy output, the pool ends with every page free, and a steady stream of further requests compiles
-nothing new."""
+Requests arrive at different steps, more than there are slots, their prompts prefilled in chunks (a budget of 8
+tokens a step); each one's greedy output must equal its solo plain greedy output, the pool ends with every page
+free, and a steady stream of further requests compiles nothing new. The adaptive core prices each slot bucket's
+rounds at that bucket's costs."""
 
 import jax.numpy as jnp
 import numpy as np
@@ -74,7 +75,13 @@ def test_served_outputs_equal_solo_plain_and_nothing_recompiles(kind):
         target = load_pair(DEFAULT_WEIGHTS)
         eng = Engine(target, MTPDrafter(target), spec=(CHAIN, TREE), adaptive=AdaptivePolicy(probe_interval=2), **KW)
         eng.round_costs[2] = np.ones((3,), np.float32)  # equal costs (CPU timings are noise): every mode competes
-    se = ServingEngine(eng, rounds_per_step=2)
+        eng.round_costs[1] = np.full((3,), 2.0, np.float32)  # slot bucket 1's own (equal again)
+    se = ServingEngine(eng, rounds_per_step=2, max_prefill_tokens=8)
+    se.warmup()  # slot buckets 1 and 2, chunk bucket 8
+    priced = []  # (slot bucket, the costs its decode was given)
+    decode, call = se._decode, se._call
+    se._decode = lambda b: priced.append([b]) or decode(b)
+    se._call = lambda fn, *a: (len(a) == 4 and priced[-1].append(np.asarray(a[-1]))) or call(fn, *a)
     vocab = int(target.vocab_size)
     first = _schedule(vocab, 0)
     assert _drive(se, first) == _solo(target, first)
@@ -87,3 +94,10 @@ def test_served_outputs_equal_solo_plain_and_nothing_recompiles(kind):
     counter = CompileCounter()
     assert _drive(se, again) == want
     assert counter.count == 0
+    if kind == "adaptive":
+        lone = [(0, first[1][1], 9)]  # alone in slot 0: slot bucket 1
+        assert _drive(se, lone) == _solo(target, lone)
+        assert {b for b, _ in priced} == {1, 2}
+        for b, cost in priced:  # the bucket's in-loop costs plus the step overhead (far below a second here)
+            low = {1: 2.0, 2: 1.0}[b]
+            assert np.all((cost >= low - 1e-6) & (cost < low + 0.5)), (b, cost)

@@ -1,4 +1,5 @@
-"""Jittable building blocks of the decode loops: ``prefill``, ``spec_step``, ``plain_step``.
+"""Jittable building blocks of the decode loops: ``prefill`` (and ``prefill_chunk``, a non-final chunk of a
+chunked prefill), ``spec_step``, ``plain_step``.
 
 Everything here is pure and traced under the caller's ``jax.jit``; shapes are static given
 ``(B, P, T, W, S, K, N, V)``. The models are anything meeting ``jaxspec.protocols`` (no concrete class is
@@ -122,6 +123,45 @@ def prefill(target, drafter, opts: EngineOptions, state: DecodeState, prompts: j
                                 bonus=first)
     out, num, done = append_tokens(state, first[:, None], jnp.ones((b,), jnp.int32))
     return dataclasses.replace(state, out_tokens=out, num_generated=num, done=done)
+
+
+def prefill_lookahead(drafter, opts: EngineOptions) -> int:
+    """How many prompt tokens past a non-final chunk ``prefill_chunk`` reads (``following``'s width): 1 (the
+    token after the chunk, every drafter's ``first_tokens``), or more for a drafter whose extend reads further
+    (``drafter.prefill_lookahead(spec)``, e.g. MTP's ``S``: its step ``s`` consumes the token ``s + 1`` on)."""
+    look = getattr(drafter, "prefill_lookahead", None)
+    if drafter is None or look is None:
+        return 1
+    return max([1] + [int(look(spec)) for spec in opts.specs])
+
+
+def prefill_chunk(target, drafter, opts: EngineOptions, state: DecodeState, tokens: jax.Array, chunk_lens: jax.Array,
+                  following: jax.Array) -> DecodeState:
+    """A NON-final chunk of a chunked prefill (the last chunk is ``prefill``): the target's K/V of the
+    right-padded ``tokens (B, P)`` (``chunk_lens`` real) written after the committed ``seq_lens`` (the prefix,
+    as ``prefill``), the drafter's extend of every draft shape over them, ``seq_lens + chunk_lens`` committed.
+    Nothing sampled, nothing appended (``bonus``, the outputs, ``done`` and the counters untouched).
+
+    ``following i32[B, X]`` (``X >= prefill_lookahead``): the prompt tokens after each chunk. The drafter's
+    extend takes ``following[:, 0]`` as the token after the chunk (where ``prefill`` passes the sampled first
+    token), and a drafter with ``prefill_lookahead(spec) > 1`` also ``lookahead=following[:, 1:that]``; so with
+    the prompt's own next tokens the chunks write the K/V (target and draft) one whole-prompt ``prefill``
+    writes, as long as the last chunk keeps ``prefill_lookahead`` tokens (the caller's rule)."""
+    b, p = tokens.shape
+    meta = pipeline.prefill_metadata(chunk_lens, state.target_cache.req_to_token, p, page_size=opts.page_size,
+                                     prefix_lens=state.seq_lens, **_kernel_kw(opts))
+    _, hidden, tcache = target.forward(tokens, meta, state.target_cache)  # the logits are dead code
+    draft = state.draft
+    if drafter is not None:
+        look = getattr(drafter, "prefill_lookahead", None)
+        states = []
+        for i, spec in enumerate(opts.specs):
+            n = 1 if look is None else int(look(spec))
+            kw = dict(lookahead=following[:, 1:n]) if n > 1 else {}
+            states.append(drafter.extend_after_prefill(spec, draft[i], tokens, hidden, meta, chunk_lens,
+                                                       following[:, 0], **kw))
+        draft = tuple(states)
+    return dataclasses.replace(state, target_cache=tcache, draft=draft, seq_lens=state.seq_lens + chunk_lens)
 
 
 def spec_step(target, drafter, opts: EngineOptions, state: DecodeState, which: int = 0) -> DecodeState:

@@ -12,7 +12,10 @@ written at ``select`` = the last real row (``rotate_input_ids``). This is the se
 window, one ``select_index``): rows past ``select - s`` of layer ``s`` are fed a drafted (not yet verified)
 token, so the draft KV of the last ``s`` committed positions of layer ``s`` is computed from a guess and
 kept. The seed's CUDA-graph "KV-cache reversion" (``assign_hidden_states_pool``) re-runs those rows; it is
-not ported: it only affects draft quality, never the output (verify is exact).
+not ported: it only affects draft quality, never the output (verify is exact). A non-final chunk of a chunked
+prefill (``engine.step.prefill_chunk``) has the real next tokens: ``extend_after_prefill(lookahead=)`` writes
+them at ``select`` instead of the predictions (``prefill_lookahead(spec) = S`` tokens past the chunk), so the
+chunks write the draft KV of one whole-prompt extend.
 
 Proposal: chain (``K == 1``) = the S per-layer argmax tokens of the last extend. With
 ``sample_drafts=True`` and a ``sampling`` argument (``pipeline.DraftSampling``, the engine's
@@ -144,8 +147,10 @@ class MTPDrafter:
         )
 
     # ---------------------------------------------------------------- jitted
-    def _extend(self, spec, cache, ids, h, meta, starts, lens, select, sampling=None) -> MTPDraftState:
-        """Draft steps 0..S-1 over ``ids/h (B, Q)`` with the seed's rotations; returns the new state."""
+    def _extend(self, spec, cache, ids, h, meta, starts, lens, select, sampling=None, feed=None) -> MTPDraftState:
+        """Draft steps 0..S-1 over ``ids/h (B, Q)`` with the seed's rotations; returns the new state. ``feed``
+        (``i32[B, >= S-1]``): the tokens the rotation after step ``s`` writes at ``select`` (``feed[:, s]``)
+        instead of step ``s``'s prediction."""
         if sampling is not None and not self.sample_drafts:
             raise ValueError("sampling: this MTPDrafter was built with sample_drafts=False")
         b, q = ids.shape
@@ -172,20 +177,31 @@ class MTPDrafter:
             chain_p.append(p[:, :1])
             chain_i.append(idx[:, :1])
             if s + 1 < spec.num_steps:
-                flat = rotate_input_ids(flat, starts, lens, idx[:, :1], select, **self._kw())
+                nxt = idx[:, :1] if feed is None else feed[:, s : s + 1]
+                flat = rotate_input_ids(flat, starts, lens, nxt, select, **self._kw())
         if spec.topk == 1:
             probs = jnp.stack(chain_q, 1) if self.sample_drafts else None
             return MTPDraftState(cache, jnp.concatenate(chain_p, 1), jnp.concatenate(chain_i, 1), first[2], probs)
         return MTPDraftState(cache, first[0], first[1], first[2])
 
-    def extend_after_prefill(self, spec, state, tokens, hidden, meta, prompt_lens, first_tokens, *, sampling=None):
+    def prefill_lookahead(self, spec) -> int:
+        """Prompt tokens past a non-final chunk that ``extend_after_prefill`` of the chunk reads (``first_tokens``
+        and ``lookahead``): step ``s`` of the chunk's last row consumes the token ``s + 1`` places on."""
+        return int(spec.num_steps)
+
+    def extend_after_prefill(self, spec, state, tokens, hidden, meta, prompt_lens, first_tokens, *, sampling=None,
+                             lookahead=None):
+        """``lookahead`` (``i32[B, S-1]``, a non-final chunk of a chunked prefill, ``first_tokens`` then being
+        the prompt's next token): the prompt tokens after ``first_tokens``, fed to draft steps ``1..S-1`` where
+        a whole prompt's extend has the real tokens (the chunk's last rows), so the chunk writes the draft KV
+        the unchunked extend writes."""
         b, p = tokens.shape
         starts = jnp.arange(b, dtype=jnp.int32) * p
         # The next token of prompt row j is prompt[j + 1]; after the last prompt row it is the first token.
         ids = rotate_input_ids(tokens.reshape(b * p), starts, prompt_lens, first_tokens[:, None], **self._kw())
         return self._extend(
             spec, state.cache, ids.reshape(b, p), hidden, meta, starts, prompt_lens, starts + prompt_lens - 1,
-            sampling,
+            sampling, lookahead,
         )
 
     def extend_after_verify(self, spec, state, tokens, hidden, meta, accept_lens, *, sampling=None):

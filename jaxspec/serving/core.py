@@ -4,28 +4,45 @@
 of two), one ``DecodeState`` of that shape over the engine's KV pool (target and drafter), and a host
 ``Scheduler``. One ``step()``:
 
-1. **retire / admit** (host): the scheduler admits waiting requests first come, first served into free slots
-   while the page budget allows (below);
-2. **pages** (one jitted call, ``pages.refresh_tables``): every admitted request gets the pages its prompt and
-   the step's rounds can reach (``prompt + R * N`` tokens, ``N`` the verify width), every running request the
-   pages its next ``R`` rounds can reach (``seq_len + R * N``), written into the page table with TokenSpeed's
-   ``update_req_to_page`` and turned into the token table with ``compute_out_cache_loc_uniform``;
-3. **prefill** of each admitted request into its slot (``insert``: the engine's ``prefill`` on a one-row view
-   of the state, written back into the slot; JetStream's ``prefill`` + ``insert``), the other slots untouched;
+1. **schedule** (host): the step's prefill budget of ``T = max_prefill_tokens`` prompt tokens goes first come,
+   first served: first to the request whose prompt is part-way prefilled (chunked), then to waiting requests,
+   admitted into free slots (the lowest free slot first) while the page budget allows (below). A prompt gets
+   all its remaining tokens when they fit what is left of the budget, else a chunk of what is left (one that
+   leaves at least ``prefill_lookahead`` tokens for the last chunk, below); the head always goes (it has the
+   whole budget), so nothing starves, and a long prompt is prefilled over several steps while the running
+   requests keep decoding;
+2. **pages** (one jitted call, ``pages.refresh_tables``): a chunk gets the pages its tokens reach, a prompt's
+   last chunk also those of the step's rounds (``prompt + R * N`` tokens, ``N`` the verify width), every
+   decoding request the pages its next ``R`` rounds can reach (``seq_len + R * N``), written into the page
+   table with TokenSpeed's ``update_req_to_page`` and turned into the token table with
+   ``compute_out_cache_loc_uniform``;
+3. **prefill** of each scheduled chunk into its slot (the engine's ``step.prefill`` for a prompt's last chunk,
+   ``step.prefill_chunk`` for the others, on a one-row view of the state written back into the slot;
+   JetStream's ``prefill`` + ``insert``), the other slots untouched. Each chunk extends the committed
+   ``seq_lens`` (its prefix); a non-final chunk writes target and draft K/V, its drafter extend fed the
+   prompt's own next tokens, and samples nothing: its request holds its slot and pages but is a done row of
+   the decode until its last chunk, which samples the first token exactly as an unchunked prefill does (the
+   same keys: ``fold_in(key(seed), 0)``), so chunking changes no output. Chunks are padded to the prompt
+   buckets (powers of two, at least 8, at most ``min(next_pow2(T), W)``): two executables per bucket;
 4. **decode**: up to ``R`` rounds (``rounds_per_step``) of the engine's own ``engine.step.decode_loop`` (one
-   device ``while_loop``; ``plain_step``, ``spec_step`` or the adaptive segments over all slots; empty and
-   finished slots are done rows, frozen, their table rows on the dummy page as the engine's padding rows), left
-   as soon as a running request finishes (its slot can then be given to a waiting one);
-5. **one host read** (``jax.device_get`` of ``done``, ``num_generated``, ``seq_lens`` and ``out_tokens``): the
-   step's new tokens of every request, and those that finished (EOS / ``max_new_tokens``) are retired: slot
-   and pages freed at once (their table row goes back to the dummy page in the next refresh).
+   device ``while_loop``; ``plain_step``, ``spec_step`` or the adaptive segments) over the slot bucket: rows
+   ``[0, b)`` of the state, ``b = next_pow2(highest occupied slot + 1)`` (a static slice of every per-row
+   leaf and of the token tables, the KV pools whole, written back; one executable per bucket, so a lightly
+   loaded core decodes a small batch); empty, finished and part-prefilled slots are done rows, frozen, the
+   first two with their table rows on the dummy page as the engine's padding rows. The loop is left as soon
+   as a running request finishes (its slot can then be given to a waiting one);
+5. **one host read** (``jax.device_get`` of ``done``, ``num_generated``, ``seq_lens``, ``out_tokens`` and the
+   round counters): the step's new tokens of every request, and those that finished (EOS, one of its stop
+   ids, ``max_new_tokens``) are retired: slot and pages freed at once (their table row goes back to the dummy
+   page in the next refresh). A step in which no request decodes (only non-final chunks ran) reads nothing.
 
 That read is the only host sync of a step (with ``JAXSPEC_CHECKS`` on, the check flags are read as well);
 ``cancel`` dispatches one table refresh and syncs nothing.
 
 Shapes are fixed at construction (``B`` slots, ``W = max_context`` per slot, the pool, an output buffer of
-``next_pow2(W)`` tokens), so requests joining and leaving never recompile: the decode loop and the table
-refresh are one executable each, the prefill one per prompt bucket (powers of two, as ``Engine``'s).
+``next_pow2(W)`` tokens), so requests joining and leaving never recompile: the table refresh is one
+executable, the decode loop one per slot bucket (``1, 2, 4, .. B``), the prefill two per chunk bucket
+(``warmup()`` compiles them all).
 
 Page policy (SGLang's scheduler without retraction): pages are assigned as sequences grow, but a request is
 admitted only when the pages not yet handed out, less those promised to running requests, cover its worst
@@ -33,19 +50,28 @@ case (``ceil(min(W, prompt + max_new_tokens + R * N) / G)`` pages); otherwise it
 queue (FCFS: later requests do not overtake it). So a running request never runs out of pages and nothing is
 preempted. A request whose worst case exceeds the whole pool is refused by ``submit`` (``ValueError``).
 
+Chunk boundaries: a drafter's extend over a chunk reads prompt tokens past it (every drafter the next one, as
+its "first token"; ``MTPDrafter`` its ``S`` next ones, one per draft step: ``step.prefill_lookahead``), so a
+non-final chunk leaves at least that many tokens to the last one; the chunks then write exactly the K/V one
+whole-prompt prefill writes (target and draft).
+
 Plain, speculative (chain or tree, any ``Drafter``: MTP, EAGLE-3) or adaptive decoding (the engine's
-``decode_loop``: an adaptive engine's policy is one for the batch, its round costs measured by
-``Engine.calibrate`` at the slot count plus the step's own overhead per round, ``costs.StepCosts``, and it keeps
-learning from step to step), greedy by default;
+``decode_loop``: an adaptive engine's policy is one for the batch, its acceptance learned across steps and
+slot buckets; a round's price is the in-loop cost of its slot bucket, ``Engine.round_costs[b]`` where the
+engine has it (``Engine.calibrate(b)`` before building the core) and else the slot count's (calibrated at
+construction when missing), plus the step's own overhead per round, ``costs.StepCosts``); greedy by default;
 ``sampling=True`` runs the engine's sampling executable, every request with its own temperature / top-k /
 top-p / seed (its coins depend on its seed and its own round counter only, so it draws what it would draw
-alone; temperature-0 requests stay greedy). The stop token is the engine's ``eos_id`` (one for every
-request). Simulated acceptance is refused at construction.
+alone, chunked or not; temperature-0 requests stay greedy). A request stops at the engine's ``eos_id``
+(matched on the device) or at one of its own ``RequestParams.stop_token_ids`` (matched on the host after the
+step: the tokens the device decoded past it in that step are dropped). Simulated acceptance is refused at
+construction.
 """
 
 import collections
 import dataclasses
 import functools
+import heapq
 import math
 import time
 
@@ -61,21 +87,24 @@ from jaxspec.engine.compiled import functionalize_checks
 from jaxspec.engine.memory import allocate_state, prompt_bucket
 from jaxspec.engine.policy import init_policy_state
 from jaxspec.engine.state import DecodeState, EngineOptions, SamplingParams
-from jaxspec.engine.step import decode_loop, draft_spec_max_accept, prefill
+from jaxspec.engine.step import decode_loop, draft_spec_max_accept, prefill, prefill_chunk, prefill_lookahead
 from jaxspec.kernels._dispatch import next_pow2
 from jaxspec.protocols import PagedKVCache
 from jaxspec.serving.costs import StepCosts
 from jaxspec.serving.pages import PagePool, pack_rows, refresh_fn
 from jaxspec.serving.request import RequestHandle, RequestOutput, RequestParams, ServingStats
 
+DEFAULT_MAX_PREFILL_TOKENS = 256  # prompt tokens prefilled per step (ServingEngine(max_prefill_tokens=))
+
 
 @dataclasses.dataclass(eq=False)  # identity: a request is itself, whatever its fields
 class Request:
     """One request: its prompt, limit, and what it has generated so far (host side).
 
-    status: ``"waiting"`` (queued), ``"running"`` (in slot ``slot``), ``"finished"``. finish_reason (when
-    finished): ``"stop"`` (EOS or one of its stop ids, kept as the last token), ``"length"`` (``max_new_tokens``) or ``"abort"``.
-    pages: the KV pages it holds (empty unless running)."""
+    status: ``"waiting"`` (queued), ``"running"`` (in slot ``slot``: being prefilled, then decoding),
+    ``"finished"``. finish_reason (when finished): ``"stop"`` (EOS or one of its stop ids, kept as the last
+    token), ``"length"`` (``max_new_tokens``) or ``"abort"``. prefilled: the prompt tokens whose K/V is written
+    (the prompt's length once it decodes). pages: the KV pages it holds (empty unless running)."""
 
     request_id: str
     prompt: np.ndarray
@@ -90,18 +119,52 @@ class Request:
     stop_token_ids: frozenset = frozenset()  # host-matched stop ids (the engine's eos_id stops on the device)
     rounds: int = 0  # verify rounds it was active in, and the tokens they accepted (the device's last counts)
     accepted: int = 0
+    prefilled: int = 0
+
+    @property
+    def decoding(self) -> bool:
+        """Running with its whole prompt prefilled."""
+        return self.status == "running" and self.prefilled == self.prompt.size
+
+
+class Chunk:
+    """One scheduled prefill chunk: ``length`` prompt tokens of ``req`` from position ``start``; ``final`` when
+    it ends the prompt."""
+
+    __slots__ = ("req", "start", "length")
+
+    def __init__(self, req: Request, start: int, length: int):
+        self.req, self.start, self.length = req, start, length
+
+    @property
+    def final(self) -> bool:
+        return self.start + self.length == self.req.prompt.size
+
+    def __repr__(self) -> str:
+        return f"Chunk({self.req.request_id!r}, start={self.start}, length={self.length})"
+
+
+def chunk_length(remaining: int, budget: int, lookahead: int) -> int:
+    """Prompt tokens a step gives a request with ``remaining`` tokens left when ``budget`` tokens of the step's
+    prefill budget are left: all of them if they fit, else the budget, but never leaving fewer than
+    ``lookahead`` tokens to the last chunk (0: none this step)."""
+    if remaining <= budget:
+        return remaining
+    return max(0, min(budget, remaining - lookahead))
 
 
 class Scheduler:
-    """FCFS admission under a page budget (host only; no device state).
+    """FCFS admission under a page budget and a prefill token budget (host only; no device state).
 
     ``can_admit(req)``: a slot is free and ``pool.num_free - promised >= req.worst_pages``, with ``promised``
-    the pages running requests may still ask for (their worst case less what they hold)."""
+    the pages running requests may still ask for (their worst case less what they hold). Slots are handed
+    out lowest first (``bucket()``: the slot bucket the decode runs on)."""
 
     def __init__(self, num_slots: int, pool: PagePool):
         self.waiting: collections.deque[Request] = collections.deque()
-        self.free_slots = list(range(num_slots - 1, -1, -1))
+        self.free_slots = list(range(num_slots))  # a heap: the lowest free slot first
         self.running: dict[int, Request] = {}  # slot -> request
+        self.prefilling: list[Request] = []  # running requests part-way through their prompt, admission order
         self.pool = pool
 
     def promised(self) -> int:
@@ -110,84 +173,131 @@ class Scheduler:
     def can_admit(self, req: Request) -> bool:
         return bool(self.free_slots) and self.pool.num_free - self.promised() >= req.worst_pages
 
-    def admit(self) -> list[Request]:
-        """Pop waiting requests in order while the head fits; each gets a slot (pages: by the caller)."""
+    def schedule(self, budget: int, lookahead: int) -> list[Chunk]:
+        """The step's prefill chunks, at most ``budget`` prompt tokens in all (``chunk_length``): the
+        part-prefilled requests first, then waiting requests in order while the head fits (each admitted: a
+        slot, status ``"running"``; pages by the caller). Every chunk's ``req.prefilled`` is advanced."""
         out = []
+        for req in list(self.prefilling):
+            n = chunk_length(req.prompt.size - req.prefilled, budget, lookahead)
+            if n == 0:
+                return out
+            out.append(Chunk(req, req.prefilled, n))
+            budget -= n
         while self.waiting and self.can_admit(self.waiting[0]):
+            n = chunk_length(self.waiting[0].prompt.size, budget, lookahead)
+            if n == 0:
+                break
             req = self.waiting.popleft()
-            req.slot, req.status = self.free_slots.pop(), "running"
+            req.slot, req.status, req.prefilled = heapq.heappop(self.free_slots), "running", 0
             self.running[req.slot] = req
-            out.append(req)
+            self.prefilling.append(req)
+            out.append(Chunk(req, 0, n))
+            budget -= n
+        for c in out:
+            c.req.prefilled += c.length
+            if c.final:
+                self.prefilling.remove(c.req)
         return out
+
+    def bucket(self) -> int:
+        """``next_pow2(highest occupied slot + 1)`` (0 when no slot is occupied)."""
+        return next_pow2(max(self.running) + 1) if self.running else 0
 
     def release(self, req: Request) -> None:
         """Give ``req``'s slot and pages back at once."""
         self.pool.free(req.pages)
         req.pages = []
         del self.running[req.slot]
-        self.free_slots.append(req.slot)
+        if req in self.prefilling:
+            self.prefilling.remove(req)
+        heapq.heappush(self.free_slots, req.slot)
 
 
-def _rows_view(state: DecodeState, slot):
-    """A one-row view of ``state`` (row ``slot`` of every per-row leaf and of each cache's table; the KV pools
-    whole; no adaptive policy: it belongs to the batch, and prefill never reads it)."""
+def _rows_view(state: DecodeState, start, size: int):
+    """A view of rows ``[start, start + size)`` of ``state`` (of every per-row leaf and of each cache's token
+    table; ``start`` traced or static; the KV pools whole; no adaptive policy: it belongs to the batch)."""
     state = dataclasses.replace(state, policy=None)
-    row = lambda x: jax.lax.dynamic_slice_in_dim(x, slot, 1, 0)  # noqa: E731
+    rows = lambda x: jax.lax.dynamic_slice_in_dim(x, start, size, 0)  # noqa: E731
 
     def one(x):
         if isinstance(x, PagedKVCache):
-            return PagedKVCache(x.k, x.v, row(x.req_to_token))
-        return row(x) if x.ndim else x
+            return PagedKVCache(x.k, x.v, rows(x.req_to_token))
+        return rows(x) if x.ndim else x
 
     return jax.tree.map(one, state, is_leaf=lambda x: isinstance(x, PagedKVCache))
 
 
-def _write_row(state: DecodeState, sub: DecodeState, slot):
-    """``state`` with row ``slot`` taken from the one-row ``sub`` (a ``_rows_view``) and the KV pools from
-    ``sub``; the batch's adaptive policy kept."""
-    policy, state = state.policy, dataclasses.replace(state, policy=None)
+def _write_rows(state: DecodeState, sub: DecodeState, start, policy):
+    """``state`` with the rows from ``start`` taken from ``sub`` (a ``_rows_view``), the KV pools from ``sub``
+    and the adaptive policy ``policy``."""
+    state = dataclasses.replace(state, policy=None)
+    sub = dataclasses.replace(sub, policy=None)
 
     def one(x, y):
         if isinstance(x, PagedKVCache):
             return PagedKVCache(y.k, y.v, x.req_to_token)
-        return jax.lax.dynamic_update_slice_in_dim(x, y, slot, 0) if x.ndim else x
+        return jax.lax.dynamic_update_slice_in_dim(x, y, start, 0) if x.ndim else x
 
     out = jax.tree.map(one, state, sub, is_leaf=lambda x: isinstance(x, PagedKVCache))
     return dataclasses.replace(out, policy=policy)
 
 
 @functools.lru_cache(maxsize=64)
-def _insert_fn(graphdef, treedef, opts: EngineOptions, checks: bool):
-    """Jitted ``insert(params, state, prompt (1, P), length (1,), slot, max_new, sampling)``: the engine's
-    ``prefill`` of one request (sampling parameters ``(temperature, top_k, top_p, seed)``, each of shape ``(1,)``)
-    into batch slot ``slot`` (state donated); shared by every serving core with equal keys."""
+def _chunk_fn(graphdef, treedef, opts: EngineOptions, checks: bool, final: bool):
+    """Jitted ``chunk(params, state, tokens (1, P), length (1,), prefix (1,), following (1, X), slot, max_new,
+    sampling)``: one prefill chunk of one request into batch slot ``slot`` (state donated), its committed
+    prefix ``prefix`` tokens: ``final``, the engine's ``prefill`` (its first token sampled with
+    ``sampling = (temperature, top_k, top_p, seed)``, each of shape ``(1,)``; ``following`` unused), else
+    ``prefill_chunk`` (``following``: the prompt tokens after the chunk; the row stays done). Shared by every
+    serving core with equal keys."""
 
-    def insert(params, state, prompt, length, slot, max_new, sampling):
+    def chunk(params, state, tokens, length, prefix, following, slot, max_new, sampling):
         target, drafter = nnx.merge(graphdef, jax.tree.unflatten(treedef, params))
-        sub = _rows_view(state, slot)
+        sub = _rows_view(state, slot, 1)
         zero = jnp.zeros((1,), jnp.int32)
         sub = dataclasses.replace(
-            sub, seq_lens=zero, num_generated=zero, done=jnp.zeros((1,), bool), max_new_tokens=max_new[None],
+            sub, seq_lens=prefix, num_generated=zero, done=jnp.full((1,), not final), max_new_tokens=max_new[None],
             num_rounds=zero, num_accepted=zero, out_tokens=jnp.zeros_like(sub.out_tokens),
             sampling=SamplingParams(*sampling))
-        return _write_row(state, prefill(target, drafter, opts, sub, prompt, length), slot)
+        if final:
+            sub = prefill(target, drafter, opts, sub, tokens, length)
+        else:
+            sub = prefill_chunk(target, drafter, opts, sub, tokens, length, following)
+        return _write_rows(state, sub, slot, state.policy)
 
-    return jax.jit(functionalize_checks(insert, checks), donate_argnums=(1,))
+    return jax.jit(functionalize_checks(chunk, checks), donate_argnums=(1,))
 
 
 @functools.lru_cache(maxsize=64)
-def _decode_fn(graphdef, treedef, opts: EngineOptions, checks: bool):
-    """Jitted ``decode(params, state, rounds)``: the engine's ``decode_loop`` (fixed shape, or adaptive: one
-    segment per mode) for at most ``rounds`` rounds (traced ``i32[]``: one executable for every ``R``), left
-    as soon as a request that was running at the start has finished, or every row is done (state donated)."""
+def _decode_fn(graphdef, treedef, opts: EngineOptions, checks: bool, bucket: int):
+    """Jitted ``decode(params, state, rounds, cost)``: the engine's ``decode_loop`` (fixed shape, or adaptive: one
+    segment per mode) over rows ``[0, bucket)`` of the state for at most ``rounds`` rounds (traced ``i32[]``: one
+    executable for every ``R``), left as soon as a request that was running at the start has finished, or
+    every row is done (state donated). ``cost`` (adaptive engines, ``f32[M]``): the policy's round prices at
+    this bucket for the call (the learned acceptance is the batch's, kept across buckets); else ``None``."""
 
-    def decode(params, state, rounds):
+    def decode(params, state, rounds, cost):
         target, drafter = nnx.merge(graphdef, jax.tree.unflatten(treedef, params))
-        running = ~state.done
-        return decode_loop(target, drafter, opts, state, max_rounds=rounds,
-                           until=lambda st: jnp.any(running & st.done))
+        whole = bucket == state.done.shape[0]
+        sub = state if whole else _rows_view(state, 0, bucket)
+        if state.policy is not None:
+            sub = dataclasses.replace(sub, policy=dataclasses.replace(state.policy, round_cost=cost))
+        running = ~sub.done
+        out = decode_loop(target, drafter, opts, sub, max_rounds=rounds, until=lambda st: jnp.any(running & st.done))
+        return out if whole else _write_rows(state, out, 0, out.policy)
 
     return jax.jit(functionalize_checks(decode, checks), donate_argnums=(1,))
+
+
+def prompt_buckets(max_width: int, max_context: int) -> list[int]:
+    """The padded widths ``prompt_bucket`` gives chunks of ``1 .. max_width`` tokens."""
+    out, n = [], 1
+    while True:
+        out.append(prompt_bucket(min(n, max_width), max_context))
+        if n >= max_width:
+            return sorted(set(out))
+        n *= 2
 
 
 class ServingEngine:
@@ -201,15 +311,22 @@ class ServingEngine:
         one executable); the loop leaves as soon as a running request finishes.
       sampling: ``False`` (default): greedy requests only, the greedy executables. ``True``: the sampling
         executables; each request brings its own sampling parameters (``RequestParams``).
+      max_prefill_tokens: ``T``, the most prompt tokens one step prefills, over all its requests (default
+        ``DEFAULT_MAX_PREFILL_TOKENS`` = 256); a longer prompt is prefilled in chunks over several steps. Smaller
+        keeps the running requests' inter-token latency even when requests arrive in bursts or with long
+        prompts, larger gives a new request its first token in fewer steps. At least the drafter's
+        ``prefill_lookahead`` (1 for plain decoding).
 
     ``submit(prompt_ids, RequestParams(...))`` queues a request and returns its ``RequestHandle`` (iterate it for
     its tokens); ``step()`` runs one iteration and returns a ``RequestOutput`` per request that produced tokens
     or ended; ``cancel(handle)`` ends a request at once (queued or running: its slot and pages are free when it
     returns); ``generate(prompts, params)`` is the blocking form for a list; ``has_unfinished()``; ``stats()``;
-    ``requests[request_id]`` holds each request (``output`` grows as it decodes). One thread owns a core.
+    ``warmup()`` compiles every executable a step can run; ``requests[request_id]`` holds each request
+    (``output`` grows as it decodes). One thread owns a core.
     """
 
-    def __init__(self, engine: Engine, *, rounds_per_step: int = 1, sampling: bool = False):
+    def __init__(self, engine: Engine, *, rounds_per_step: int = 1, sampling: bool = False,
+                 max_prefill_tokens: int = DEFAULT_MAX_PREFILL_TOKENS):
         if not isinstance(engine, Engine):
             raise ValueError(f"engine: expected a jaxspec.engine.Engine, got {type(engine).__name__}")
         if engine.simulate_accept is not None:
@@ -218,23 +335,32 @@ class ServingEngine:
             raise ValueError(f"rounds_per_step: expected an int >= 1, got {rounds_per_step!r}")
         if not isinstance(sampling, bool):
             raise ValueError(f"sampling: expected a bool, got {sampling!r}")
+        self.lookahead = prefill_lookahead(engine.drafter, engine.opts)
+        t = max_prefill_tokens
+        if not isinstance(t, int) or isinstance(t, bool) or t < self.lookahead:
+            raise ValueError(f"max_prefill_tokens: expected an int >= {self.lookahead} (the prompt tokens past a chunk "
+                             f"the drafter's extend reads), got {t!r}")
         self.sampling = sampling
         self.engine = engine
         self.rounds_per_step = rounds_per_step
+        self.max_prefill_tokens = t
         self.num_slots = b = next_pow2(engine.max_batch)
         self.max_context = w = engine.max_context
         self.page_size = g = engine.page_size
         self.max_pages = math.ceil(w / g)
         self.verify_width = engine.opts.verify_width
+        self.slot_buckets = [1 << i for i in range(b.bit_length())]  # 1, 2, 4, .. B
+        self.chunk_buckets = prompt_buckets(min(t, w), w)
         self.pool = PagePool(engine.num_pages)
         self.scheduler = Scheduler(b, self.pool)
         self.requests: dict[str, Request] = {}
         self._next_id = 0
         self._dirty: dict[int, tuple[int, list[int]]] = {}  # slot -> (first column, pages): the next refresh
         self.step_costs: StepCosts | None = None  # adaptive engines: the policy's round prices (costs.py)
+        self._bucket_costs: dict[int, np.ndarray] = {}  # adaptive: slot bucket -> in-loop seconds per round per mode
         self._state, self._r2p = self._fresh_state()
         self._mode_rounds = None if self.step_costs is None else np.zeros_like(self.step_costs.base, np.int64)
-        self._seq_lens = np.zeros((self.num_slots,), np.int32)  # the last read of the committed lengths
+        self._seq_lens = np.zeros((self.num_slots,), np.int32)  # committed lengths: the last read, or the host's
         self._generated = self._rounds = self._accepted = 0  # stats()
 
     # ---------------------------------------------------------------- device state
@@ -247,8 +373,11 @@ class ServingEngine:
         sampling = check_sampling(b, eng.vocab_size, 0.0, None, 1.0, 0)
         policy = None
         if eng.opts.adaptive is not None:  # one policy for the batch, learning across steps (a warm start)
-            cost = eng.round_costs[b] if b in eng.round_costs else eng.calibrate(b)
+            cost = eng.round_costs[b] if b in eng.round_costs else eng.calibrate(min(b, eng.max_batch))
             self.step_costs = StepCosts(cost)
+            # a smaller slot bucket's rounds at its own calibrated costs where the engine has them, else the
+            # slot count's (its mode ratios; Engine.calibrate(bucket) before building the core prices it exactly)
+            self._bucket_costs = {k: np.asarray(eng.round_costs.get(k, cost), np.float64) for k in self.slot_buckets}
             policy = init_policy_state(cost, draft_spec_max_accept(eng.opts.specs))
         state = allocate_state(tcache, draft, num_requests=b, max_new_tokens=np.full((b,), next_pow2(w), np.int32),
                                eos_id=eng.eos_id, sampling=sampling, vocab_size=eng.vocab_size, policy=policy,
@@ -299,6 +428,60 @@ class ServingEngine:
         start, old = self._dirty.get(req.slot, (len(req.pages), []))
         self._dirty[req.slot] = (start, old + pages)
         req.pages = req.pages + pages
+
+    def _prefill(self, chunk: Chunk) -> None:
+        """Dispatch one chunk's prefill into its request's slot (its pages already in the table)."""
+        req, start, n = chunk.req, chunk.start, chunk.length
+        eng = self.engine
+        fn = _chunk_fn(eng.graphdef, eng.treedef, eng.opts, checks_enabled(), chunk.final)
+        tokens = np.zeros((1, prompt_bucket(n, self.max_context)), np.int32)
+        tokens[0, :n] = req.prompt[start: start + n]
+        following = np.zeros((1, self.lookahead), np.int32)
+        nxt = req.prompt[start + n: start + n + self.lookahead]  # the whole lookahead unless final
+        following[0, : nxt.size] = nxt
+        self._state = self._call(fn, eng.params, self._state, *self._chunk_args(
+            tokens, n, start, following, req.slot, req.max_new_tokens, req.sampling))
+
+    @staticmethod
+    def _chunk_args(tokens, n, start, following, slot, max_new, sampling):
+        # explicit transfers (allowed under jax.transfer_guard("disallow"))
+        return (jax.device_put(tokens), jax.device_put(np.array([n], np.int32)),
+                jax.device_put(np.array([start], np.int32)), jax.device_put(following),
+                jax.device_put(np.int32(slot)), jax.device_put(np.int32(max_new)),
+                tuple(jax.device_put(x) for x in sampling))
+
+    def _decode(self, bucket: int) -> None:
+        """Dispatch up to ``R`` rounds of the decode loop over the slot bucket ``bucket``."""
+        eng = self.engine
+        fn = _decode_fn(eng.graphdef, eng.treedef, eng.opts, checks_enabled(), bucket)
+        cost = None
+        if self.step_costs is not None:  # the bucket's in-loop costs plus the step's own overhead per round
+            cost = jax.device_put((self._bucket_costs[bucket] + self.step_costs.overhead).astype(np.float32))
+        self._state = self._call(fn, eng.params, self._state, jax.device_put(np.int32(self.rounds_per_step)), cost)
+
+    def warmup(self) -> None:
+        """Compile every executable a step can run (the table refresh, both prefills of every chunk bucket, the
+        decode of every slot bucket), so that no later step compiles; only on an idle core (nothing queued or
+        running: ``RuntimeError`` else). It runs them on a free slot whose table row is on the dummy page, and the
+        decode for zero rounds: nothing observable changes."""
+        if self.has_unfinished():
+            raise RuntimeError("warmup: the core has requests (warm it up before submitting any)")
+        self._refresh(np.zeros((self.num_slots,), bool))  # the pending row resets too: every row on the dummy page
+        eng = self.engine
+        sampling = check_sampling(1, eng.vocab_size, 0.0, None, 1.0, 0)
+        following = np.zeros((1, self.lookahead), np.int32)
+        for p in self.chunk_buckets:
+            for final in (False, True):  # a final chunk of max_new 1 leaves its row done
+                fn = _chunk_fn(eng.graphdef, eng.treedef, eng.opts, checks_enabled(), final)
+                self._state = self._call(fn, eng.params, self._state, *self._chunk_args(
+                    np.zeros((1, p), np.int32), 1, 0, following, 0, 1, sampling))
+        rounds = self.rounds_per_step
+        try:
+            self.rounds_per_step = 0
+            for b in self.slot_buckets:
+                self._decode(b)
+        finally:
+            self.rounds_per_step = rounds
 
     # ---------------------------------------------------------------- API
     def submit(self, prompt_ids, params: RequestParams | None = None, *, request_id: str | None = None
@@ -365,44 +548,48 @@ class ServingEngine:
         return bool(self.scheduler.waiting or self.scheduler.running)
 
     def step(self) -> list[RequestOutput]:
-        """One iteration (module docstring): admit, assign pages, prefill the admitted, run ``R`` rounds, read
-        back once, retire. Returns the outputs of the requests that produced tokens or ended."""
+        """One iteration (module docstring): schedule the prefill budget, assign pages, prefill the chunks, run
+        ``R`` rounds over the slot bucket, read back once, retire. Returns the outputs of the requests that
+        produced tokens or ended."""
         t_start = time.perf_counter()
         r, n = self.rounds_per_step, self.verify_width
-        admitted = self.scheduler.admit()
-        for req in admitted:
-            self._dirty.pop(req.slot, None)  # a retired row's reset is superseded by the new row
-            self._grow(req, req.prompt.size + r * n)
-            self._dirty[req.slot] = (0, req.pages + [0] * (self.max_pages - len(req.pages)))
+        chunks = self.scheduler.schedule(self.max_prefill_tokens, self.lookahead)
+        for c in chunks:
+            req = c.req
+            if c.start == 0:
+                self._dirty.pop(req.slot, None)  # a retired row's reset is superseded by the new row
+            self._grow(req, c.start + c.length + (r * n if c.final else 0))
+            if c.start == 0:
+                self._dirty[req.slot] = (0, req.pages + [0] * (self.max_pages - len(req.pages)))
+            self._seq_lens[req.slot] = c.start + c.length
+        scheduled = {id(c.req) for c in chunks}
         for req in self.scheduler.running.values():
-            if req not in admitted:
+            if req.decoding and id(req) not in scheduled:
                 self._grow(req, self._seq_lens[req.slot] + r * n)
         self._refresh()
-        entry = _insert_fn(self.engine.graphdef, self.engine.treedef, self.engine.opts, checks_enabled())
-        for req in admitted:
-            p = prompt_bucket(req.prompt.size, self.max_context)
-            prompt = np.zeros((1, p), np.int32)
-            prompt[0, : req.prompt.size] = req.prompt
-            args = (jax.device_put(prompt), jax.device_put(np.array([req.prompt.size], np.int32)),
-                    jax.device_put(np.int32(req.slot)), jax.device_put(np.int32(req.max_new_tokens)),
-                    tuple(jax.device_put(x) for x in req.sampling))
-            self._state = self._call(entry, self.engine.params, self._state, *args)
-        if not self.scheduler.running:
-            return []
-        decode = _decode_fn(self.engine.graphdef, self.engine.treedef, self.engine.opts, checks_enabled())
-        self._state = self._call(decode, self.engine.params, self._state, jax.device_put(np.int32(r)))
+        for c in chunks:
+            self._prefill(c)
+        if not any(req.decoding for req in self.scheduler.running.values()):
+            return []  # only non-final chunks ran: nothing to decode, nothing to read
+        bucket = self.scheduler.bucket()
+        self._decode(bucket)
         st = self._state
         modes = None if st.policy is None else st.policy.mode_rounds
         done, num, seq, out, rounds, acc, modes = jax.device_get((st.done, st.num_generated, st.seq_lens,
                                                                   st.out_tokens, st.num_rounds, st.num_accepted, modes))
-        self._seq_lens = seq
+        self._seq_lens = np.array(seq)  # writable: the host advances it for prefill chunks
         if self.step_costs is not None:  # the step's wall time prices the policy's next rounds
-            self.step_costs.observe(time.perf_counter() - t_start, modes - self._mode_rounds)
+            ran = modes - self._mode_rounds
+            # StepCosts subtracts the slot count's in-loop costs; this step's rounds cost its bucket's
+            extra = float(ran @ (self._bucket_costs[bucket] - self.step_costs.base))
+            self.step_costs.observe(time.perf_counter() - t_start - extra, ran)
             self._mode_rounds = modes.astype(np.int64)
             self._state = dataclasses.replace(st, policy=dataclasses.replace(
                 st.policy, round_cost=jax.device_put(self.step_costs.round_cost())))
         outputs = []
         for slot, req in list(self.scheduler.running.items()):
+            if not req.decoding:
+                continue
             new = out[slot, len(req.output): num[slot]].tolist()
             self._rounds += int(rounds[slot]) - req.rounds
             self._accepted += int(acc[slot]) - req.accepted
