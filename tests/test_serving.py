@@ -138,29 +138,28 @@ def _prompt(seed: int, n: int) -> tuple:
 REQUEST = st.tuples(st.integers(0, 6), st.integers(0, 2**16), st.integers(1, 20), st.integers(1, 16))
 
 
-@pytest.mark.parametrize("budget", [CHUNKED, WHOLE])
 @pytest.mark.parametrize("page_size", [1, 16])
 @pytest.mark.parametrize("spec", ["plain", "chain"])
 @settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(reqs=st.lists(REQUEST, min_size=1, max_size=7), abort=st.one_of(st.none(), st.tuples(st.integers(0, 6),
                                                                                              st.integers(0, 8))))
-def test_interleaved_equals_solo(spec, page_size, budget, reqs, abort):
+def test_interleaved_equals_solo(spec, page_size, reqs, abort):
     """Random arrivals (more requests than slots, a pool too small for all at once), one optional abort (also
-    mid-prefill), prompts whole or chunked: every request's output equals its solo plain greedy output (an
-    aborted one: a prefix of it), what was streamed equals the output, and every page is back on the free list
-    afterwards."""
-    se = _serving(spec, page_size, budget)
+    mid-prefill), a prefill budget of 8 tokens a step (prompts of 1 to 20 tokens: some whole, most in chunks,
+    the budget shared by the requests admitted together): every request's output equals its solo plain greedy
+    output (an aborted one: a prefix of it), what was streamed equals the output, and every page is back on the
+    free list afterwards. (Whole prompts of every bucket: the other tests, at the default budget.)"""
+    se = _serving(spec, page_size, CHUNKED)
     schedule = [(a, _prompt(seed, n), m) for a, seed, n, m in reqs]
     aborts = () if abort is None or abort[0] >= len(schedule) else (abort,)
     ids, streamed = _run(se, schedule, aborts)
     _check_outputs(se, schedule, ids, streamed, aborts)
 
 
-@pytest.mark.parametrize("budget", [CHUNKED, WHOLE])
-def test_tree_interleaved_equals_solo(budget):
-    """Tree speculation (S3 K2 N6), page size 16: a fixed interleaving, prompts whole or chunked, solo outputs,
-    no leak."""
-    se = _serving("tree", 16, budget)
+def test_tree_interleaved_equals_solo():
+    """Tree speculation (S3 K2 N6), page size 16: a fixed interleaving, prompts chunked (a budget of 8), solo
+    outputs, no leak."""
+    se = _serving("tree", 16, CHUNKED)
     schedule = [(0, _prompt(1, 5), 12), (0, _prompt(2, 17), 9), (1, _prompt(3, 3), 16), (2, _prompt(4, 11), 1),
                 (4, _prompt(5, 20), 14), (5, _prompt(6, 8), 6)]
     ids, streamed = _run(se, schedule)
@@ -364,8 +363,8 @@ def test_one_host_read_per_step(monkeypatch):
 
 
 def test_sampled_requests_draw_what_they_draw_alone():
-    """A sampling core (chain speculation, page size 16, prompts of 3 to 19 tokens prefilled in chunks of a budget
-    of 8): requests with their own temperature / top-k / top-p / seed, interleaved, each produce exactly the
+    """A sampling core (chain speculation, page size 16, prompts of 3 to 8 tokens prefilled in chunks of a budget
+    of 4): requests with their own temperature / top-k / top-p / seed, interleaved, each produce exactly the
     tokens the same engine configuration draws for them alone, unchunked (``Engine.generate`` of that one prompt
     with those parameters); a temperature-0 request stays greedy."""
     m = _model()
@@ -373,11 +372,11 @@ def test_sampled_requests_draw_what_they_draw_alone():
     def engine(batch, pages):
         return Engine(m, MTPDrafter(m), spec=CHAIN, max_context=W, page_size=16, max_batch=batch, num_pages=pages)
 
-    se = ServingEngine(engine(SLOTS, NUM_PAGES[16]), sampling=True, max_prefill_tokens=CHUNKED)
+    se = ServingEngine(engine(SLOTS, NUM_PAGES[16]), sampling=True, max_prefill_tokens=4)  # chunks of 2 to 4
     solo = engine(1, 5)
     params = [dict(temperature=1.0, seed=3), dict(temperature=0.7, top_k=8, seed=5), dict(temperature=0.0),
               dict(temperature=1.3, top_p=0.9, seed=7), dict(temperature=1.0, seed=3)]
-    schedule = [(i // 2, _prompt(70 + i, 3 + 4 * i), 12 + i) for i in range(len(params))]
+    schedule = [(i // 2, _prompt(70 + i, 3 + (5 * i) % 6), 12 + i) for i in range(len(params))]  # 3, 8, 7, 6, 5
     ids = [None] * len(schedule)
     step = 0
     while step < 3 or se.has_unfinished():
@@ -411,7 +410,7 @@ def test_generate_a_list_longer_than_the_slots():
 
 def test_checked_mode():
     """With the in-jit checks on (``JAXSPEC_CHECKS``), the core's executables are functionalised and its
-    output is unchanged (a small one-layer decoder, page size 4)."""
+    output is unchanged (a small one-layer decoder, page size 4, one slot, prompts in chunks of 4 tokens)."""
     from flax import nnx
 
     from jaxspec._validate import checks
@@ -420,10 +419,11 @@ def test_checked_mode():
     cfg = DecoderConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                         num_attention_heads=2, num_key_value_heads=1, head_dim=16)
     m = Decoder(cfg, rngs=nnx.Rngs(3), param_dtype=jnp.float32, kv_dtype=jnp.float32)
-    prompts = [np.arange(1, 6), np.arange(3, 12), np.arange(7, 9)]
+    prompts = [np.arange(1, 6), np.arange(3, 11), np.arange(7, 9)]
     want = [Engine(m, None, max_context=32, max_batch=1).generate([p], 6).tokens[0].tolist() for p in prompts]
     with checks():
-        se = ServingEngine(Engine(m, None, max_context=32, max_batch=2, page_size=4, num_pages=12))
+        se = ServingEngine(Engine(m, None, max_context=32, max_batch=1, page_size=4, num_pages=12),
+                           max_prefill_tokens=4)
         assert se.generate(prompts, RequestParams(max_new_tokens=6)) == want
 
 

@@ -23,7 +23,8 @@ of two), one ``DecodeState`` of that shape over the engine's KV pool (target and
    prompt's own next tokens, and samples nothing: its request holds its slot and pages but is a done row of
    the decode until its last chunk, which samples the first token exactly as an unchunked prefill does (the
    same keys: ``fold_in(key(seed), 0)``), so chunking changes no output. Chunks are padded to the prompt
-   buckets (powers of two, at least 8, at most ``min(next_pow2(T), W)``): two executables per bucket;
+   buckets (``chunk_buckets``: powers of two from 8 up to the one of ``min(T, W)`` tokens, at most ``W``): two
+   executables per bucket;
 4. **decode**: up to ``R`` rounds (``rounds_per_step``) of the engine's own ``engine.step.decode_loop`` (one
    device ``while_loop``; ``plain_step``, ``spec_step`` or the adaptive segments) over the slot bucket: rows
    ``[0, b)`` of the state, ``b = next_pow2(highest occupied slot + 1)`` (a static slice of every per-row
