@@ -23,7 +23,8 @@ Modes (``--modes``):
   on batches of ``max_batch`` requests in arrival order, each batch waiting for its longest request. Its tokens
   arrive with the batch's end (no streaming): TTFT = latency = the batch's end; ITL / TPOT are not reported.
 * ``http``: the same load through ``python -m jaxspec.serve --model M --port P`` (a subprocess, plain decoding,
-  the plain engine's max batch, context, page size and rounds per step, ``--http-args`` appended; ready when
+  the plain engine's max batch, context, page size and rounds per step, its greedy core (``--greedy``: the
+  executables of the in-process modes), ``--http-args`` appended; ready when
   ``GET /health`` answers 200): streaming ``POST /v1/completions`` with the prompt as token ids, ``max_tokens``,
   ``temperature`` 0, the in-process stop tokens (``ignore_eos`` + ``stop_token_ids``), ``return_token_ids`` and
   ``stream_options.include_usage``; every request a task of one asyncio loop on one ``aiohttp`` session.
@@ -581,7 +582,7 @@ def main(argv=None) -> int:
                 model = DEFAULT_WEIGHTS if args.tiny else args.model
                 log = (args.json or "serving.json") + ".server.log"
                 same = ["--served-model-name", "jaxspec", "--max-batch", str(args.max_batch), "--max-context", str(setup.engine("plain").max_context),
-                        "--page-size", str(args.page_size), "--rounds-per-step", str(args.rounds),
+                        "--page-size", str(args.page_size), "--rounds-per-step", str(args.rounds), "--greedy",
                         "--dtype", "bf16" if args.dtype == "bfloat16" else "f32"]
                 server = Server(model, args.port, same + args.http_args.split(), args.http_start_s, log)
                 run_mode(run, setup, mode, http_rates, args, http_server=server)

@@ -42,93 +42,121 @@ async def _errors(request, handler):
 
 
 class _Stream:
-    """Text of one request as it decodes: the detokenizer, the stop ids and stop strings (cut on the host)."""
+    """Text of one request as it decodes: the detokenizer (incremental), the stop ids and stop strings (cut on
+    the host), the ids so far."""
 
     def __init__(self, tokenizer: Tokenizer, stop_ids, stop_strings):
         self.detok = tokenizer.detokenizer(skip_special_tokens=True)
         self.stop_ids, self.stops = set(stop_ids), list(stop_strings)
-        self.text, self.sent, self.num_tokens, self.cut, self.ids = "", 0, 0, False, []
+        self.hold = max((len(s) for s in self.stops), default=1) - 1
+        self.text, self.sent, self.cut, self.ids = "", 0, False, []
 
     def push(self, ids, finished: bool) -> str:
         """The text newly final after ``ids``; ``self.cut`` once a stop string ended it."""
-        self.num_tokens += len(ids)
         self.ids += ids
-        ids = [i for i in ids if i not in self.stop_ids]
-        self.text += self.detok.push(ids)
+        self.text += self.detok.push([i for i in ids if i not in self.stop_ids] if self.stop_ids else ids)
         if finished:
             self.text += self.detok.finish()
-        hold = 0
         for s in self.stops:
             at = self.text.find(s, max(0, self.sent - len(s) + 1))
             if at >= 0:
                 self.text, self.cut = self.text[:at], True
-        if not (finished or self.cut) and self.stops:
-            hold = max(len(s) for s in self.stops) - 1
+        hold = 0 if finished or self.cut else self.hold
         end = max(self.sent, len(self.text) - hold)
         piece, self.sent = self.text[self.sent:end], end
         return piece
 
 
+class _Chunks:
+    """The server-sent events of one streamed reply as bytes, in OpenAI's chunk shapes; the fixed part of a
+    content chunk is encoded once (a chunk costs one ``json.dumps`` of its text)."""
+
+    def __init__(self, rid: str, name: str, chat: bool, include_usage: bool, token_ids: bool):
+        self.top = {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion",
+                    "created": int(time.time()), "model": name}
+        self.chat, self.include_usage, self.token_ids = chat, include_usage, token_ids
+        head = json.dumps(self.top)[:-1] + ', "choices": [{"index": 0, '
+        self._head = b"data: " + (head + ('"delta": {"content": ' if chat else '"text": ')).encode()
+        self._mid = (b"}" if chat else b"") + b', "logprobs": null, "finish_reason": '
+        self._tail = b"}]" + (b', "usage": null' if include_usage else b"") + b"}\n\n"
+
+    def event(self, choice=None, usage=None) -> bytes:
+        """Any chunk: ``choice`` (None: no choices, the usage chunk)."""
+        body = dict(self.top, choices=[] if choice is None else [choice])
+        if self.include_usage:
+            body["usage"] = usage
+        return b"data: " + json.dumps(body).encode() + b"\n\n"
+
+    def role(self) -> bytes:
+        choice = {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
+        if self.token_ids:
+            choice["token_ids"] = []
+        return self.event(choice)
+
+    def content(self, piece: str, ids: list, reason: str | None = None) -> bytes:
+        """A chunk of new text (and, asked for, its token ids); ``reason`` on the last one."""
+        if reason is not None and not piece:  # OpenAI's closing chunk: an empty delta
+            choice = ({"index": 0, "delta": {}} if self.chat else {"index": 0, "text": ""})
+            choice.update(logprobs=None, finish_reason=reason)
+            if self.token_ids:
+                choice["token_ids"] = ids
+            return self.event(choice)
+        out = self._head + json.dumps(piece).encode() + self._mid
+        out += b"null" if reason is None else json.dumps(reason).encode()
+        if self.token_ids:
+            out += b', "token_ids": ' + json.dumps(ids).encode()
+        return out + self._tail
+
+
+def _server_error(message: str) -> web.Response:
+    return web.json_response({"error": {"message": message, "type": "server_error", "param": None, "code": None}},
+                             status=500)
+
+
 async def _run(request, req: protocol.Parsed, chat: bool):
-    driver = request.app[DRIVER]
-    loop = asyncio.get_running_loop()
-    sub = Submission(req.prompt_ids, req.params, loop, asyncio.Queue())
+    driver, served = request.app[DRIVER], request.app[SERVED]
+    sub = Submission(req.prompt_ids, req.params, asyncio.get_running_loop())
     driver.submit(sub)
-    text = _Stream(request.app[TOKENIZER], req.params.stop_token_ids, req.stop)
+    text = _Stream(served.tokenizer, req.params.stop_token_ids, req.stop)
     rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
-    created = int(time.time())
-    name = request.app[MODEL_NAME]
     done = False
     try:  # from here on a disconnect (the handler cancelled) or an error cancels the request
-        first = await sub.events.get()
-        if first[0] == "error":
-            raise protocol.core_error(first[1], req)
-        if first[0] == "failed":
-            return web.json_response({"error": {"message": first[1], "type": "server_error", "param": None,
-                                                "code": None}}, status=500)
+        events = await sub.wait()
+        kind, arg = events.pop(0)[:2]
+        if kind == "error":
+            raise protocol.core_error(arg, req)
+        if kind == "failed":
+            return _server_error(arg)
         if req.stream:
+            chunks = _Chunks(rid, served.name, chat, req.include_usage, req.return_token_ids)
             resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
             await resp.prepare(request)
-
-            async def send(choice, usage=None, choices=True):
-                body = {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion",
-                        "created": created, "model": name, "choices": [choice] if choices else []}
-                if req.include_usage:
-                    body["usage"] = usage
-                await resp.write(b"data: " + json.dumps(body).encode() + b"\n\n")
-
             if chat:
-                await send({"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                            "finish_reason": None})
+                await resp.write(chunks.role())
         reason = None
         while reason is None:
-            ev = await sub.events.get()
-            if ev[0] == "failed":
-                raise RuntimeError(ev[1])
-            _, ids, finished, why = ev
+            events = events or await sub.wait()  # every step's tokens since the last chunk: one chunk
+            ids, finished, why = [], False, None
+            for ev in events:
+                if ev[0] == "failed":
+                    raise RuntimeError(ev[1])
+                ids += ev[1]
+                finished, why = finished or ev[2], ev[3] or why
+            events = []
             piece = text.push(ids, finished)
             if text.cut:
                 reason = "stop"
             elif finished:
-                reason = why
-                done = True
-            if req.stream and (piece or req.return_token_ids and ids):
-                choice = ({"index": 0, "delta": {"content": piece}, "logprobs": None, "finish_reason": None}
-                          if chat else {"index": 0, "text": piece, "logprobs": None, "finish_reason": None})
-                if req.return_token_ids:
-                    choice["token_ids"] = ids
-                await send(choice)
-        usage = {"prompt_tokens": len(req.prompt_ids), "completion_tokens": text.num_tokens,
-                 "total_tokens": len(req.prompt_ids) + text.num_tokens}
+                reason, done = why, True
+            if not req.stream or not (piece or reason or req.return_token_ids and ids):
+                continue
+            out = chunks.content(piece, ids, reason)
+            if reason is not None:  # the last chunk, the usage and [DONE] in one write
+                if req.include_usage:
+                    out += chunks.event(None, _usage(req, text))
+                out += b"data: [DONE]\n\n"
+            await resp.write(out)
         if req.stream:
-            choice = ({"index": 0, "delta": {}, "logprobs": None, "finish_reason": reason} if chat
-                      else {"index": 0, "text": "", "logprobs": None, "finish_reason": reason})
-            if req.return_token_ids:
-                choice["token_ids"] = []
-            await send(choice)
-            if req.include_usage:
-                await send(None, usage, choices=False)
-            await resp.write(b"data: [DONE]\n\n")
             await resp.write_eof()
             return resp
         choice = ({"index": 0, "message": {"role": "assistant", "content": text.text}, "logprobs": None,
@@ -137,10 +165,16 @@ async def _run(request, req: protocol.Parsed, chat: bool):
         if req.return_token_ids:
             choice["token_ids"] = text.ids
         return web.json_response({"id": rid, "object": "chat.completion" if chat else "text_completion",
-                                  "created": created, "model": name, "choices": [choice], "usage": usage})
+                                  "created": int(time.time()), "model": served.name, "choices": [choice],
+                                  "usage": _usage(req, text)})
     finally:
         if not done:  # a stop string, a disconnect or a failure: the request ends here
             driver.cancel(sub)
+
+
+def _usage(req: protocol.Parsed, text: _Stream) -> dict:
+    n, p = len(text.ids), len(req.prompt_ids)
+    return {"prompt_tokens": p, "completion_tokens": n, "total_tokens": p + n}
 
 
 async def _body(request):
@@ -151,20 +185,16 @@ async def _body(request):
 
 
 async def chat_completions(request):
-    req = protocol.parse_chat(await _body(request), request.app[TOKENIZER], request.app[MODEL_NAME],
-                              request.app[DRIVER].se)
-    return await _run(request, req, chat=True)
+    return await _run(request, protocol.parse_chat(await _body(request), request.app[SERVED]), chat=True)
 
 
 async def completions(request):
-    req = protocol.parse_completion(await _body(request), request.app[TOKENIZER], request.app[MODEL_NAME],
-                                    request.app[DRIVER].se)
-    return await _run(request, req, chat=False)
+    return await _run(request, protocol.parse_completion(await _body(request), request.app[SERVED]), chat=False)
 
 
 async def models(request):
     return web.json_response({"object": "list", "data": [
-        {"id": request.app[MODEL_NAME], "object": "model", "created": 0, "owned_by": "jaxspec"}]})
+        {"id": request.app[SERVED].name, "object": "model", "created": 0, "owned_by": "jaxspec"}]})
 
 
 async def health(request):
@@ -199,8 +229,7 @@ async def metrics(request):
                                  "X-Content-Type-Options": "nosniff"})
 
 
-TOKENIZER = web.AppKey("tokenizer", Tokenizer)
-MODEL_NAME = web.AppKey("model_name", str)
+SERVED = web.AppKey("served", protocol.Served)
 
 
 def build_app(serving_engine: ServingEngine, tokenizer: Tokenizer, model_name: str) -> web.Application:
@@ -212,7 +241,7 @@ def build_app(serving_engine: ServingEngine, tokenizer: Tokenizer, model_name: s
         raise ValueError(f"model_name: expected a non-empty str, got {model_name!r}")
     app = web.Application(middlewares=[_errors])
     app[DRIVER] = EngineDriver(serving_engine)
-    app[TOKENIZER], app[MODEL_NAME] = tokenizer, model_name
+    app[SERVED] = protocol.Served.of(tokenizer, model_name, serving_engine)
 
     async def start(app):
         app[DRIVER].start()

@@ -33,6 +33,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--rounds-per-step", type=int, default=4, help="decode rounds per serving step")
     p.add_argument("--dtype", choices=("bf16", "f32"), default="f32", help="weight dtype")
     p.add_argument("--served-model-name", help="the name clients send as `model` (default: --model)")
+    p.add_argument("--greedy", action="store_true",
+                   help="greedy requests only (temperature 0): the core's greedy executables, which skip the "
+                        "sampling work; a request that samples is refused (400)")
     return p
 
 
@@ -78,7 +81,7 @@ def build(args):
         spec = specs if len(specs) > 1 else specs[0]
     eng = Engine(target, drafter, spec=spec, max_context=args.max_context, page_size=args.page_size,
                  max_batch=args.max_batch, num_pages=args.num_pages, adaptive=True if args.adaptive else None)
-    se = ServingEngine(eng, rounds_per_step=args.rounds_per_step, sampling=True)
+    se = ServingEngine(eng, rounds_per_step=args.rounds_per_step, sampling=not args.greedy)
     return se, tok, args.served_model_name or args.model
 
 

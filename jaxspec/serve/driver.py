@@ -1,13 +1,16 @@
 """The one thread that owns a ``ServingEngine`` (it is not thread-safe).
 
 ``EngineDriver(se)`` runs a loop on a background thread: it takes submissions and cancels from a thread-safe
-queue, calls ``se.step()`` while any request is unfinished, and hands each ``RequestOutput`` to the request's
-``asyncio.Queue`` with ``loop.call_soon_threadsafe``; with nothing unfinished it sleeps on the queue.
+queue (blocking on it while nothing is unfinished, so a request arriving at an idle server is taken at once),
+calls ``se.step()`` while any request is unfinished, and hands each step's outputs to the event loop of the
+requests in one ``loop.call_soon_threadsafe`` per loop and step (not one per request or token).
 
-Events a request's queue receives, in order: ``("accepted", None)`` or ``("error", ValueError)`` (the core
-refused it: nothing follows); then ``("tokens", new_token_ids, finished, finish_reason)`` per step that
-produced tokens or ended it. ``("failed", message)`` when a step raised: the driver then refuses everything
-(``failed`` holds the message) and ``/health`` reports it.
+A ``Submission`` is a request's mailbox, written on its event loop only: ``await sub.wait()`` returns every
+event that came since the last call (a slow reader gets several steps' tokens at once). Events, in order:
+``("accepted", None)`` or ``("error", ValueError)`` (the core refused it: nothing follows); then
+``("tokens", new_token_ids, finished, finish_reason)`` per step that produced tokens or ended it.
+``("failed", message)`` when a step raised: the driver then refuses everything (``failed`` holds the message)
+and ``/health`` reports it.
 """
 
 import asyncio
@@ -22,19 +25,35 @@ from jaxspec.serving import RequestParams, ServingEngine
 
 @dataclasses.dataclass(eq=False)
 class Submission:
-    """One request on its way to the driver: what to submit and where its events go."""
+    """One request on its way to the driver: what to submit, and its mailbox on ``loop``."""
 
     prompt_ids: list
     params: RequestParams
     loop: asyncio.AbstractEventLoop
-    events: asyncio.Queue
     request_id: str | None = None  # set by the driver once submitted
+    _events: list = dataclasses.field(default_factory=list)
+    _waiter: asyncio.Future | None = None
 
-    def post(self, event) -> None:
-        try:
-            self.loop.call_soon_threadsafe(self.events.put_nowait, event)
-        except RuntimeError:  # the loop is closed: nobody is listening any more
-            pass
+    def _put(self, event) -> None:  # on the loop's thread
+        self._events.append(event)
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    async def wait(self) -> list:
+        """Every event since the last call (at least one; waits for it)."""
+        while not self._events:
+            self._waiter = self.loop.create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        events, self._events = self._events, []
+        return events
+
+
+def _deliver(batch) -> None:
+    for sub, event in batch:
+        sub._put(event)
 
 
 class EngineDriver:
@@ -47,7 +66,7 @@ class EngineDriver:
             raise ValueError(f"serving_engine: expected a jaxspec.serving.ServingEngine, got "
                              f"{type(serving_engine).__name__}")
         self.se = serving_engine
-        self._inbox: queue.Queue = queue.Queue()
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="jaxspec-serve-engine", daemon=True)
         self._active: dict[str, Submission] = {}
         self._lock = threading.Lock()
@@ -74,22 +93,34 @@ class EngineDriver:
             return self._stats, self.busy_seconds, dict(self.finished)
 
     # ---------------------------------------------------------------- the driver thread
-    def _handle(self, kind, sub) -> bool:
+    @staticmethod
+    def _post(posts) -> None:
+        """Hand ``[(sub, event)]`` to their loops: one callback per loop."""
+        by_loop = collections.defaultdict(list)
+        for sub, event in posts:
+            by_loop[sub.loop].append((sub, event))
+        for loop, batch in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(_deliver, batch)
+            except RuntimeError:  # the loop is closed: nobody is listening any more
+                pass
+
+    def _handle(self, kind, sub, posts) -> bool:
         se = self.se
         if kind == "stop":
             return False
         if kind == "submit":
             if self.failed is not None:
-                sub.post(("failed", self.failed))
+                posts.append((sub, ("failed", self.failed)))
                 return True
             try:
                 h = se.submit(sub.prompt_ids, sub.params)
             except ValueError as e:
-                sub.post(("error", e))
+                posts.append((sub, ("error", e)))
                 return True
             sub.request_id = h.request_id
             self._active[h.request_id] = sub
-            sub.post(("accepted", None))
+            posts.append((sub, ("accepted", None)))
         elif kind == "cancel" and sub.request_id in self._active:
             del self._active[sub.request_id]
             se.cancel(sub.request_id)
@@ -97,44 +128,59 @@ class EngineDriver:
                 self.finished["abort"] += 1
         return True
 
-    def _publish(self) -> None:
+    def _fail(self, e: Exception) -> list:
+        """Refuse from now on; every running request is told."""
+        self.failed = f"the serving engine failed: {type(e).__name__}: {e}"
+        posts = [(sub, ("failed", self.failed)) for sub in self._active.values()]
+        self._active.clear()
+        return posts
+
+    def _step(self) -> list:
+        se, posts = self.se, []
+        t0 = time.perf_counter()
+        try:
+            outs = se.step()
+        except Exception as e:  # noqa: BLE001 -- every waiting client is told, then the driver refuses
+            return self._fail(e)
+        dt = time.perf_counter() - t0
+        ended = []
+        for o in outs:
+            sub = self._active.get(o.request_id)
+            if sub is None:
+                continue
+            posts.append((sub, ("tokens", o.new_token_ids, o.finished, o.finish_reason)))
+            if o.finished:
+                del self._active[o.request_id]
+                ended.append(o.finish_reason)
+        stats = se.stats()
         with self._lock:
-            self._stats = self.se.stats()
+            self.busy_seconds += dt
+            self.finished.update(ended)
+            self._stats = stats
+        return posts
 
     def _run(self) -> None:
         se = self.se
         while True:
-            try:
-                item = self._inbox.get(block=not se.has_unfinished() or self.failed is not None)
-            except queue.Empty:
-                item = None
-            items = [] if item is None else [item]
+            items = []
+            if self.failed is not None or not se.has_unfinished():
+                items.append(self._inbox.get())  # idle: sleep until something arrives
             while True:
                 try:
                     items.append(self._inbox.get_nowait())
                 except queue.Empty:
                     break
-            if not all(self._handle(*it) for it in items):
+            posts = []
+            try:
+                running = all(self._handle(*it, posts) for it in items)
+            except Exception as e:  # noqa: BLE001 -- a cancel that raised: the core's state is unknown
+                posts += self._fail(e)
+                running = True
+            self._post(posts)  # acceptances go out before the step runs
+            if not running:
                 return
-            if self.failed is None and se.has_unfinished():
-                t0 = time.perf_counter()
-                try:
-                    outs = se.step()
-                except Exception as e:  # noqa: BLE001 -- every waiting client is told, then the driver refuses
-                    self.failed = f"the serving engine failed: {type(e).__name__}: {e}"
-                    for sub in self._active.values():
-                        sub.post(("failed", self.failed))
-                    self._active.clear()
-                    continue
+            if items:
                 with self._lock:
-                    self.busy_seconds += time.perf_counter() - t0
-                for o in outs:
-                    sub = self._active.get(o.request_id)
-                    if sub is None:
-                        continue
-                    sub.post(("tokens", list(o.new_token_ids), o.finished, o.finish_reason))
-                    if o.finished:
-                        del self._active[o.request_id]
-                        with self._lock:
-                            self.finished[o.finish_reason] += 1
-            self._publish()
+                    self._stats = se.stats()
+            if self.failed is None and se.has_unfinished():
+                self._post(self._step())

@@ -46,6 +46,26 @@ class Parsed:
     return_token_ids: bool = False
 
 
+@dataclasses.dataclass(frozen=True)
+class Served:
+    """What requests are checked against, read once: the tokenizer, the served name, the core's context,
+    verify width and vocabulary, and the stop tokens of completions and chats."""
+
+    tokenizer: object
+    name: str
+    max_context: int
+    verify_width: int
+    vocab_size: int
+    eos_ids: tuple
+    chat_stop_ids: tuple
+
+    @classmethod
+    def of(cls, tokenizer, name: str, se) -> "Served":
+        eng = se.engine
+        return cls(tokenizer, name, eng.max_context, eng.opts.verify_width, eng.vocab_size,
+                   tuple(tokenizer.eos_token_ids), tuple(tokenizer.chat_stop_token_ids))
+
+
 def _number(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
@@ -54,12 +74,11 @@ def _int(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-def _common(body, tokenizer, model_name, se, prompt_ids, prompt_field, default_max, stop_ids) -> Parsed:
-    eng = se.engine
-    room = eng.max_context - eng.opts.verify_width - len(prompt_ids)
+def _common(body, sv: Served, prompt_ids, prompt_field, default_max, stop_ids) -> Parsed:
+    room = sv.max_context - sv.verify_width - len(prompt_ids)
     if room < 1:
-        raise RequestError(f"the prompt is {len(prompt_ids)} tokens; this server's context is {eng.max_context} "
-                           f"tokens ({eng.opts.verify_width} reserved for verification), which leaves no room for "
+        raise RequestError(f"the prompt is {len(prompt_ids)} tokens; this server's context is {sv.max_context} "
+                           f"tokens ({sv.verify_width} reserved for verification), which leaves no room for "
                            f"a reply", prompt_field)
     mt_field = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
     mt = body.get(mt_field)
@@ -77,8 +96,8 @@ def _common(body, tokenizer, model_name, se, prompt_ids, prompt_field, default_m
     if not _number(p) or not (0 < p <= 1):
         raise RequestError(f"top_p: expected a number in (0, 1], got {p!r}", "top_p")
     k = body.get("top_k")
-    if k is not None and (not _int(k) or not (k == -1 or 1 <= k <= eng.vocab_size)):
-        raise RequestError(f"top_k: expected -1 (off) or an int in [1, {eng.vocab_size}], got {k!r}", "top_k")
+    if k is not None and (not _int(k) or not (k == -1 or 1 <= k <= sv.vocab_size)):
+        raise RequestError(f"top_k: expected -1 (off) or an int in [1, {sv.vocab_size}], got {k!r}", "top_k")
     seed = body.get("seed")
     if seed is None:
         seed = secrets.randbelow(2**31)
@@ -102,8 +121,8 @@ def _common(body, tokenizer, model_name, se, prompt_ids, prompt_field, default_m
     ignore = _flag(body, "ignore_eos")
     extra = body.get("stop_token_ids")
     extra = [] if extra is None else extra
-    if not isinstance(extra, list) or not all(_int(i) and 0 <= i < eng.vocab_size for i in extra):
-        raise RequestError(f"stop_token_ids: expected a list of token ids in [0, {eng.vocab_size}), got {extra!r}",
+    if not isinstance(extra, list) or not all(_int(i) and 0 <= i < sv.vocab_size for i in extra):
+        raise RequestError(f"stop_token_ids: expected a list of token ids in [0, {sv.vocab_size}), got {extra!r}",
                            "stop_token_ids")
     stop_ids = tuple(dict.fromkeys((() if ignore else tuple(stop_ids)) + tuple(extra)))
     params = RequestParams(max_new_tokens=int(mt), temperature=float(t), top_k=None if k in (None, -1) else k,
@@ -146,9 +165,9 @@ def _content(m, i):
     raise RequestError(f"messages[{i}].content: expected a string or a list of text parts", "messages")
 
 
-def parse_chat(body, tokenizer, model_name, se) -> Parsed:
+def parse_chat(body, sv: Served) -> Parsed:
     """A ``/v1/chat/completions`` body (module docstring)."""
-    _check_body(body, model_name)
+    _check_body(body, sv.name)
     msgs = body.get("messages")
     if not isinstance(msgs, list) or not msgs:
         raise RequestError(f"messages: expected a non-empty list of messages, got {msgs!r}", "messages")
@@ -157,32 +176,31 @@ def parse_chat(body, tokenizer, model_name, se) -> Parsed:
             raise RequestError(f"messages[{i}]: expected an object with a string 'role'", "messages")
     msgs = [_content(m, i) for i, m in enumerate(msgs)]
     try:
-        ids = tokenizer.encode_chat(msgs, add_generation_prompt=True)
+        ids = sv.tokenizer.encode_chat(msgs, add_generation_prompt=True)
     except Exception as e:  # noqa: BLE001 -- template errors, and characters the tokenizer cannot encode
         raise RequestError(f"messages: {e}", "messages") from None
-    return _common(body, tokenizer, model_name, se, ids, "messages", None, tokenizer.chat_stop_token_ids)
+    return _common(body, sv, ids, "messages", None, sv.chat_stop_ids)
 
 
-def parse_completion(body, tokenizer, model_name, se) -> Parsed:
+def parse_completion(body, sv: Served) -> Parsed:
     """A ``/v1/completions`` body (module docstring)."""
-    _check_body(body, model_name)
+    _check_body(body, sv.name)
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]
     if isinstance(prompt, str) and prompt:
         try:
-            ids = tokenizer.encode(prompt, add_special_tokens=True)
+            ids = sv.tokenizer.encode(prompt, add_special_tokens=True)
         except Exception as e:  # noqa: BLE001 -- characters the tokenizer cannot encode
             raise RequestError(f"prompt: {e}", "prompt") from None
-    elif isinstance(prompt, list) and prompt and all(_int(i) and 0 <= i < se.engine.vocab_size for i in prompt):
+    elif isinstance(prompt, list) and prompt and all(_int(i) and 0 <= i < sv.vocab_size for i in prompt):
         ids = prompt
     else:
         raise RequestError("prompt: expected a non-empty string or one list of token ids "
-                           f"in [0, {se.engine.vocab_size}) (one prompt per request)", "prompt")
+                           f"in [0, {sv.vocab_size}) (one prompt per request)", "prompt")
     if not ids:
         raise RequestError("prompt: encodes to no tokens", "prompt")
-    return _common(body, tokenizer, model_name, se, ids, "prompt", COMPLETIONS_DEFAULT_MAX_TOKENS,
-                   tokenizer.eos_token_ids)
+    return _common(body, sv, ids, "prompt", COMPLETIONS_DEFAULT_MAX_TOKENS, sv.eos_ids)
 
 
 def core_error(e: ValueError, req: Parsed) -> RequestError:
