@@ -1,22 +1,41 @@
 """Every ```python block of README.md runs as written, each on its own (fresh namespace, no shared imports).
 
 A block whose fence is preceded by the line ``<!-- test: slow -->`` (one that downloads a model) runs only with
-``--runslow`` / ``JAXSPEC_SLOW=1``; every other block runs in the default suite, offline."""
+``--runslow`` / ``JAXSPEC_SLOW=1``; every other block runs in the default suite, offline.
 
+The server's blocks (``<!-- test: server -->``: the commands, one per line; ``server-curl``: a curl command;
+``server-client``: the openai client in Python) run against each command of the server block, started once as a
+subprocess from the repository's root on a free port (the blocks' ``8000`` replaced): the tiny pair's in the default
+suite (its greedy reply equal to the plain engine's on the chat prompt, cut at the first stop token), the others
+(``--model`` a registered name: a download) with ``--runslow``; the replies are non-empty text."""
+
+import contextlib
+import io
+import json
 import pathlib
 import re
+import shlex
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
 
 import pytest
 
 README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
 SLOW_MARK = "<!-- test: slow -->"
-_BLOCK = re.compile(r"^(?:(" + re.escape(SLOW_MARK) + r")\n)?```python\n(.*?)^```", re.S | re.M)
+_BLOCK = re.compile(r"^(?:<!-- test: ([a-z-]+) -->\n)?```python\n(.*?)^```", re.S | re.M)
+_MARKED = re.compile(r"^<!-- test: ([a-z-]+) -->\n```[a-z]*\n(.*?)^```", re.S | re.M)
+ROOT = README.parent
 _NEEDS_NETWORK = re.compile(r"load_chat_model\(|fetch_model\(|jaxspec\.models\.fetch")
 
 
 def _blocks() -> list[tuple[bool, str]]:
     """(marked slow, code) for every python block, in order."""
-    return [(bool(mark), code) for mark, code in _BLOCK.findall(README.read_text())]
+    return [(mark == "slow", code) for mark, code in _BLOCK.findall(README.read_text())
+            if not mark.startswith("server")]
 
 
 def _params():
@@ -45,3 +64,106 @@ def test_blocks_that_download_are_marked_slow():
 def test_readme_block_runs(code, request):
     name = request.node.callspec.id
     exec(compile(code, f"README.md {name}", "exec"), {"__name__": f"readme_{name}"})
+
+
+# ------------------------------------------------------------------------------------------------ the server
+def _marked(name: str) -> str:
+    blocks = dict(_MARKED.findall(README.read_text()))
+    assert name in blocks, f"README.md: no fenced block after '<!-- test: {name} -->'"
+    return blocks[name]
+
+
+def _commands() -> list[str]:
+    cmds = [c for c in _marked("server").splitlines() if c.strip()]
+    assert cmds and all(c.startswith("python -m jaxspec.serve ") and "--port 8000" in c for c in cmds), cmds
+    return cmds
+
+
+def _is_tiny(cmd: str) -> bool:
+    return "--model jaxspec/assets/tiny_pair" in cmd
+
+
+def _cmd_params():
+    cmds = _commands()
+    assert sum(map(_is_tiny, cmds)) == 1, "README.md's server block: one command on the tiny pair (offline)"
+    return [pytest.param(c, id="tiny" if _is_tiny(c) else f"cmd{i}", marks=[] if _is_tiny(c) else [pytest.mark.slow])
+            for i, c in enumerate(cmds)]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module", params=_cmd_params())
+def readme_server(request):
+    """``(command, port)``: the README's command running (``/health`` answered 200)."""
+    cmd, port = request.param, _free_port()
+    argv = shlex.split(cmd.replace("--port 8000", f"--port {port}"))
+    argv[0] = sys.executable
+    with tempfile.TemporaryFile("w+") as log:
+        proc = subprocess.Popen(argv, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + (120 if _is_tiny(cmd) else 900)
+            while True:
+                assert proc.poll() is None, f"{cmd} exited with {proc.returncode}"
+                assert time.monotonic() < deadline, f"{cmd}: /health did not answer"
+                try:
+                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as r:
+                        if r.status == 200:
+                            break
+                except OSError:
+                    time.sleep(0.25)
+            yield cmd, port
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            log.seek(0)
+            print(log.read()[-3000:])
+
+
+def _tiny_reply(content: str, max_tokens: int) -> str:
+    """The tiny pair's greedy chat reply: the plain engine on the chat prompt, cut at the first stop token."""
+    from jaxspec.engine import Engine
+    from jaxspec.models import DEFAULT_WEIGHTS, load_pair
+    from jaxspec.text import Tokenizer
+
+    tok = Tokenizer.from_dir(DEFAULT_WEIGHTS)
+    ids = tok.encode_chat([{"role": "user", "content": content}])
+    out = Engine(load_pair(DEFAULT_WEIGHTS), None, max_context=128).generate([ids], max_tokens).tokens[0].tolist()
+    stop = set(tok.chat_stop_token_ids)
+    cut = next((k for k, t in enumerate(out) if t in stop), len(out))
+    return tok.decode(out[:cut], skip_special_tokens=True)
+
+
+def _expect(cmd: str, text: str, body: dict):
+    assert isinstance(text, str) and text.strip(), text
+    if _is_tiny(cmd):
+        assert text == _tiny_reply(body["messages"][0]["content"], body["max_tokens"])
+
+
+def test_readme_curl(readme_server):
+    cmd, port = readme_server
+    block = _marked("server-curl")
+    body = json.loads(re.search(r"-d '(.*?)'", block, re.S).group(1))
+    out = subprocess.run(["bash", "-c", block.replace("localhost:8000", f"localhost:{port}")], capture_output=True,
+                         text=True, timeout=300, check=True).stdout
+    reply = json.loads(out)
+    assert reply["choices"][0]["finish_reason"] in ("stop", "length")
+    _expect(cmd, reply["choices"][0]["message"]["content"], body)
+
+
+def test_readme_openai_client(readme_server):
+    cmd, port = readme_server
+    code = _marked("server-client").replace("localhost:8000", f"localhost:{port}")
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        exec(compile(code, "README.md server-client", "exec"), {"__name__": "readme_server_client"})
+    body = {"messages": [{"content": re.search(r'"content": "(.*?)"', code).group(1)}],
+            "max_tokens": int(re.search(r"max_tokens=(\d+)", code).group(1))}
+    _expect(cmd, buf.getvalue().removesuffix("\n"), body)
