@@ -438,7 +438,9 @@ class Setup:
         from jaxspec.serving import ServingEngine
 
         if ("serving", mode) not in self._cache:
-            self._cache[("serving", mode)] = ServingEngine(self.engine(mode), rounds_per_step=self.args.rounds)
+            se = ServingEngine(self.engine(mode), rounds_per_step=self.args.rounds)
+            se.warmup()  # every slot / chunk bucket compiled (the server does the same at its start)
+            self._cache[("serving", mode)] = se
         return self._cache[("serving", mode)]
 
 

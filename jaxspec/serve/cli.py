@@ -82,6 +82,7 @@ def build(args):
     eng = Engine(target, drafter, spec=spec, max_context=args.max_context, page_size=args.page_size,
                  max_batch=args.max_batch, num_pages=args.num_pages, adaptive=True if args.adaptive else None)
     se = ServingEngine(eng, rounds_per_step=args.rounds_per_step, sampling=not args.greedy)
+    se.warmup()  # every executable compiled before the first request: no step compiles while serving
     return se, tok, args.served_model_name or args.model
 
 
