@@ -6,12 +6,13 @@
 # the 8B chain round at batch 32 9.5 ms instead of 12.1 ms (launch gaps between small kernels).
 GPU_XLA_FLAGS="--xla_gpu_graph_min_graph_size=1 --xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,WHILE,CONDITIONAL"
 
-# jaxspec_site DEST TREE: DEST/jaxspec = TREE's jaxspec/ with its kernels/ and interop/ inside, the package the
-# install would build (jaxspec.kernels / jaxspec.interop map to the top-level folders only through it); put DEST
-# on PYTHONPATH to import it.
+# jaxspec_site DEST TREE: DEST/jaxspec = a copy of TREE's jaxspec/ (an importable package without an install; older
+# trees kept kernels/ and interop/ beside it, and those are copied in); put DEST on PYTHONPATH to import it.
 jaxspec_site() {
-  rm -rf "$1" && mkdir -p "$1" && cp -r "$2/jaxspec" "$1/" && cp -r "$2/kernels" "$1/jaxspec/kernels" \
-    && cp -r "$2/interop" "$1/jaxspec/interop"
+  rm -rf "$1" && mkdir -p "$1" && cp -r "$2/jaxspec" "$1/" || return 1
+  local d; for d in kernels interop; do
+    if [ -d "$2/$d" ] && [ ! -d "$1/jaxspec/$d" ]; then cp -r "$2/$d" "$1/jaxspec/$d" || return 1; fi
+  done
 }
 
 # run NAME TIMEOUT CMD...: one part of a GPU script, its output teed to $OUT/NAME.log; a failure sets fail=1

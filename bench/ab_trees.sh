@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # A/B of two source trees on the GPU: bench/e2e.py rows run alternately on this checkout (A) and on another
-# tree (B: a folder holding that commit's jaxspec/, kernels/ and interop/, e.g. from
-# `git archive <commit> jaxspec kernels interop | tar -x -C out/old_tree`), N processes each, under the
+# tree (B: a folder holding that commit's jaxspec/, e.g. from
+# `git archive <commit> jaxspec | tar -x -C out/old_tree`), N processes each, under the
 # decode loops' XLA options (bench/gpu_all.sh). One process's figures move by 2-5% from the next (BENCHMARKS.md),
 # so a change of that size needs interleaved processes, not one run each.
-#   git archive <commit> jaxspec kernels interop | (mkdir -p out/old_tree && tar -x -C out/old_tree)
+#   git archive <commit> jaxspec | (mkdir -p out/old_tree && tar -x -C out/old_tree)
 #   bash bench/ab_trees.sh out/old_tree 2 --models 8b --batches 1,32 ...
 # Writes $OUT/ab_{A,B}_<i>.{log,json}; prints each process's table and which jaxspec it imported.
 set -uo pipefail

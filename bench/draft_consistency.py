@@ -18,14 +18,10 @@ top-1 agreement with the target's greedy tokens.
 
 import _cli
 import os
-import sys
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 
 def train_side(head, target, tokens):
     """Step 0 / step 1 draft tokens (target ids) of ``train_draft``'s forward: ``[2, T]`` for one sequence."""
-    import jax
     import jax.numpy as jnp
 
     from jaxspec.train_draft import _dense_meta, _shift

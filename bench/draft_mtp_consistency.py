@@ -12,10 +12,8 @@ both sides are fed the same tokens) and each side's agreement with the target's 
 
 import _cli
 import os
-import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from bench.draft_consistency import prefixes  # noqa: E402
+from draft_consistency import prefixes
 
 
 def train_side(model, tokens, steps):

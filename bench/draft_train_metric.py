@@ -14,8 +14,6 @@ import os
 import sys
 import tempfile
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-
 
 def main(argv=None):
     ap = _cli.parser("draft_train_metric.py", __doc__)

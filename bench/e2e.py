@@ -414,7 +414,6 @@ def main(argv=None) -> int:
     import jax
     import jax.numpy as jnp
 
-    sys.path.insert(0, os.path.dirname(__file__))
     from _timing import copy_ceiling_gbps
 
     configs = model_configs()

@@ -29,7 +29,7 @@ fi
 for p in $PARTS; do case $p in
   env) run env 120 $PY -c "import jax, torch, triton, jaxspec, jaxspec.kernels; print(jax.__version__, jax.devices(), torch.__version__, torch.cuda.get_device_name(), triton.__version__); import subprocess; print(subprocess.run(['nvcc','--version'],capture_output=True,text=True).stdout[-80:])" ;;
   tests) run tests 300 $PY -m pytest -q -x -m gpu -p no:cacheprovider ${TESTS:-tests} ;;  # TESTS: a subset
-  kernels) run kernels 300 $PY bench/kernels.py --move-configs 16x1,8x4 --span-modes par --reps 20 --json "$OUT/kernels.json" ;;
+  kernels) run kernels 300 $PY bench/kernel_ops.py --move-configs 16x1,8x4 --span-modes par --reps 20 --json "$OUT/kernels.json" ;;
   check) run check 240 $PY -m jaxspec.interop.check --device cuda --seed 0 --cases 3 ;;
   step) run step 300 $PY bench/step.py --device cuda --json "$OUT/step.json" --png "$OUT/step.png" ;;
   decode-quick) run decode ${DECODE_TIMEOUT:-200} $PY bench/decode.py --device gpu --batch-sizes 1,32 --modes loop --sampling greedy --repeats 1 --json "$OUT/decode.json" ;;

@@ -1,6 +1,6 @@
 """Benchmark cases: TokenSpeed paged cache-location kernels and the MTP helpers (SGLang 0.5.12), Pallas vs jnp reference.
 
-``CASES`` is a list of callables ``case(args) -> list[dict]`` (``bench/kernels.py`` imports it and prints
+``CASES`` is a list of callables ``case(args) -> list[dict]`` (``bench/kernel_ops.py`` imports it and prints
 the table). Every case first checks the Pallas kernel against its reference on the same inputs (exact; a
 mismatch is reported as ``check = "MISMATCH"``), then times both:
 
@@ -10,7 +10,7 @@ mismatch is reported as ``check = "MISMATCH"``), then times both:
   * ``*_wall_us``: wall time per call of the public jitted function from a Python loop (host dispatch
     included), one ``block_until_ready`` at the end.
 
-``args`` is ``bench/kernels.py``'s ``BenchContext`` (``interpret``, ``small``, ``reps``) or this script's
+``args`` is ``bench/kernel_ops.py``'s ``BenchContext`` (``interpret``, ``small``, ``reps``) or this script's
 CLI (``device`` "cuda" | "cpu", ``batch_sizes`` "1,16,64,256", ``quick``); anything missing is defaulted.
 Device time comes from ``bench/_timing.py`` with ``UNROLL`` ops per loop trip: a plain ``fori_loop`` trip
 cost ~10 us on the H200 (measured: 15 us/op rolled vs 3-5 us/op with 25 ops unrolled per trip). On CPU the kernels run in Pallas interpret mode with small sizes (a smoke
@@ -45,7 +45,7 @@ UNROLL = 25  # ops traced back to back per fori_loop trip in gpu_time_us
 
 
 def _settings(args):
-    """Read ``bench/kernels.py``'s ``BenchContext`` (``interpret``, ``small``, ``reps``) or this script's
+    """Read ``bench/kernel_ops.py``'s ``BenchContext`` (``interpret``, ``small``, ``reps``) or this script's
     CLI namespace (``device``, ``batch_sizes``, ``quick``); anything missing is defaulted."""
     interpret = getattr(args, "interpret", None)
     device = getattr(args, "device", None)
@@ -113,7 +113,7 @@ def _same(a, b):
 
 def _run_case(name, bs, shape, make_fn, args, st, *, carry_index=None):
     """Check Pallas == reference exactly (``check`` = "ok" / "MISMATCH"), then time both. Row keys follow
-    ``bench/kernels.py``'s columns."""
+    ``bench/kernel_ops.py``'s columns."""
     fns = {impl: make_fn(impl) for impl in ("pallas", "reference")}
     outs = {impl: jax.device_get(fns[impl](*[_fresh(a) for a in args])) for impl in fns}
     leaves = zip(jax.tree_util.tree_leaves(outs["pallas"]), jax.tree_util.tree_leaves(outs["reference"]))
@@ -165,7 +165,7 @@ def _per_batch(args, build):
     return rows
 
 
-CASES = []  # callables case(args) -> rows, in table order (bench/kernels.py appends their rows)
+CASES = []  # callables case(args) -> rows, in table order (bench/kernel_ops.py appends their rows)
 
 
 def _case(build):

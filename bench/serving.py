@@ -263,8 +263,8 @@ class Server:
         model = os.path.abspath(model) if os.path.exists(model) else model
         cmd = [sys.executable, "-m", "jaxspec.serve", "--model", model, "--port", str(self.port), *extra]
         print("http: " + " ".join(cmd), flush=True)
-        # from the temp folder: `python -m` puts its working folder first on sys.path, and a source tree's
-        # jaxspec/ (no kernels/ mapped into it) must not shadow the installed package
+        # from the temp folder: `python -m` puts its working folder first on sys.path, where a source tree would
+        # shadow the installed package
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, cwd=tempfile.gettempdir())
         deadline = time.time() + start_s
         while time.time() < deadline:
@@ -366,8 +366,7 @@ class Setup:
                             for _ in range(args.num_prompts)]
             self.eos = None
         else:
-            sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-            import real_model
+            import real_model  # a sibling script: bench/ is on sys.path when this runs as a script
 
             tok, self.prompts = real_model.prompt_ids(args.model, args.questions)
             self.eos = tok.end_of_turn_token_id

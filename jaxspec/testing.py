@@ -159,7 +159,7 @@ def children(next_token, next_sibling, b: int, j: int) -> list[int]:
 
 
 # ----------------------------------------------------------------------------------------------------
-# one bookkeeping step's inputs (bench/step.py, interop/original_step.py)
+# one bookkeeping step's inputs (bench/step.py, jaxspec/interop/original_step.py)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,6 +1,6 @@
-"""The package's layering, checked on the source: the imports of every module of the package as pyproject.toml
-maps it onto the folders (``jaxspec/``, and ``kernels/`` / ``interop/`` as ``jaxspec.kernels`` /
-``jaxspec.interop``), lazy function-level imports included.
+"""The package's layering, checked on the source: the imports of every module of the package (every ``.py`` file
+under the folders pyproject.toml's package finder includes: ``jaxspec/``, with ``jaxspec/kernels/`` and
+``jaxspec/interop/``), lazy function-level imports included.
 
 Layers, bottom up: the kernels (``jaxspec.kernels``, needing nothing else of the package), the core (every other
 ``jaxspec`` module: ops, models, engine, ...), the interop layer on top (the only one that may import torch,
@@ -10,6 +10,7 @@ circle. Each rule is a function of the sources, run on the real tree and on a co
 """
 
 import ast
+import fnmatch
 import functools
 import tomllib
 from pathlib import Path
@@ -31,15 +32,18 @@ def _in(mod: str, pkg: str) -> bool:
 
 
 def package_sources(root: Path = ROOT) -> dict[str, tuple[str, str]]:
-    """Every module of the packages pyproject.toml lists, found through its ``package-dir`` mapping."""
-    cfg = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]
-    mapping = cfg.get("package-dir", {})
+    """Every module of the packages pyproject.toml's package finder includes (``include`` patterns)."""
+    find = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]
+    tops = sorted({pat.split(".")[0].rstrip("*") for pat in find["include"]})
     out = {}
-    for pkg in cfg["packages"]:
-        folder = root / mapping.get(pkg, pkg.replace(".", "/"))
-        for f in sorted(folder.glob("*.py")):
-            name = pkg if f.stem == "__init__" else f"{pkg}.{f.stem}"
-            out[name] = (str(f.relative_to(root)), f.read_text())
+    for f in sorted(f for top in tops for f in (root / top).rglob("*.py")):
+        rel = f.relative_to(root)
+        parts = rel.with_suffix("").parts
+        pkg = ".".join(parts[:-1])
+        if not pkg or not any(fnmatch.fnmatchcase(pkg, pat) for pat in find["include"]):
+            continue
+        name = pkg if parts[-1] == "__init__" else f"{pkg}.{parts[-1]}"
+        out[name] = (str(rel), f.read_text())
     return out
 
 
@@ -153,7 +157,7 @@ def forbidden_violations(sources) -> list[str]:
     return bad
 
 
-# backend module -> the one Pallas lowering it may import (kernels/_backend.py resolves among them)
+# backend module -> the one Pallas lowering it may import (jaxspec/kernels/_backend.py resolves among them)
 BACKEND_MODULES = {"jaxspec.kernels._triton": "jax.experimental.pallas.triton",
                    "jaxspec.kernels._mosaic_gpu": "jax.experimental.pallas.mosaic_gpu"}
 # The one private import allowed: the Mosaic GPU interpreter's parameters have no public export in jax 0.10 /
@@ -235,12 +239,13 @@ def sources():
     return package_sources()
 
 
-def test_the_mapping_finds_every_layer(sources):
-    """pyproject's package-dir puts kernels/ and interop/ inside the package: their modules are found under
-    jaxspec.kernels / jaxspec.interop, from their own folders."""
-    assert sources[KERNELS][0] == "kernels/__init__.py" and sources[INTEROP][0] == "interop/__init__.py"
-    assert sources["jaxspec.kernels.paged_attention"][0] == "kernels/paged_attention.py"
-    assert sources["jaxspec.interop.harness"][0] == "interop/harness.py"
+def test_the_finder_finds_every_layer(sources):
+    """The kernels and the interop layer are subpackages of jaxspec, in their own folders."""
+    assert sources[KERNELS][0] == "jaxspec/kernels/__init__.py"
+    assert sources[INTEROP][0] == "jaxspec/interop/__init__.py"
+    assert sources["jaxspec.kernels.paged_attention"][0] == "jaxspec/kernels/paged_attention.py"
+    assert sources["jaxspec.interop.harness"][0] == "jaxspec/interop/harness.py"
+    assert not [m for m in sources if not _in(m, "jaxspec")]
     assert "jaxspec.engine.engine" in sources and "jaxspec.ops.verify" in sources
 
 
@@ -312,9 +317,10 @@ def test_rule_catches_a_planted_violation(rule, name, line, names, sources):
 
 
 def test_a_new_module_is_checked_too(sources):
-    """A module added to kernels/ is part of the package (and of the rules) as soon as it exists."""
-    planted = _plant(sources, "jaxspec.kernels._new", "from jaxspec.models import decoder", path="kernels/_new.py")
-    assert any(b.startswith("kernels/_new.py:") for b in layer_violations(planted))
+    """A module added to jaxspec/kernels/ is part of the package (and of the rules) as soon as it exists."""
+    planted = _plant(sources, "jaxspec.kernels._new", "from jaxspec.models import decoder",
+                     path="jaxspec/kernels/_new.py")
+    assert any(b.startswith("jaxspec/kernels/_new.py:") for b in layer_violations(planted))
 
 
 def test_cycles_finds_every_circle():

@@ -7,12 +7,11 @@ streamed ``token_ids`` and equal to its usage."""
 import importlib
 import json
 import math
-import pathlib
-import sys
 
 import pytest
 
-BENCH = pathlib.Path(__file__).resolve().parents[1] / "bench"
+from bench_scripts import load
+
 FIELDS = ("requests", "finished", "output_tokens", "duration_s", "request_throughput", "output_tok_s",
           "ttft_mean_s", "ttft_p50_s", "ttft_p99_s", "itl_p50_s", "itl_p99_s", "tpot_mean_s", "chunk_gap_p50_s",
           "chunk_gap_p99_s", "mean_accept_length", "per_request", "limits")
@@ -21,9 +20,7 @@ ARGS = ["--tiny", "--device", "cpu", "--dtype", "float32", "--rates", "50,inf", 
 
 
 def _run(tmp_path, modes):
-    sys.path.insert(0, str(BENCH))
-    import serving
-
+    serving = load("serving")
     out = tmp_path / "serving.json"
     assert serving.main(ARGS + ["--modes", modes, "--json", str(out)]) == 0
     return json.loads(out.read_text())["rows"]

@@ -6,29 +6,13 @@ arrays, predict, accept_index, accept_lens, bonus, move pairs, the KV pool bit-e
 locations) must be equal. Plus the plotting script on a synthetic result.
 """
 
-import importlib.util
-import pathlib
-import sys
-
 import pytest
 
+from bench_scripts import load as _load
 from jaxspec.testing import make_step_inputs
-
-REPO = pathlib.Path(__file__).resolve().parents[1]
 
 pytest.importorskip("torch")
 pytest.importorskip("triton")
-
-
-def _load(name):
-    if str(REPO / "bench") not in sys.path:  # the bench scripts import their siblings (_timing, plot_step, ...)
-        sys.path.insert(0, str(REPO / "bench"))
-    path = REPO / "bench" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(f"_bench_{name}", path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
 
 
 @pytest.fixture(scope="module")

@@ -20,9 +20,9 @@ def _has_main(path: pathlib.Path) -> bool:
 
 
 def _commands() -> dict[str, tuple[list[str], str]]:
-    """name -> (argv, the prog the usage line must name), for every module of interop/ and bench/ with a main."""
+    """name -> (argv, the prog the usage line must name), for every module of jaxspec/interop/ and bench/ with a main."""
     cmds = {}
-    for f in sorted((ROOT / "interop").glob("*.py")):
+    for f in sorted((ROOT / "jaxspec" / "interop").glob("*.py")):
         if _has_main(f):
             cmds[f"interop.{f.stem}"] = ([sys.executable, "-m", f"jaxspec.interop.{f.stem}", "--help"],
                                          f"python -m jaxspec.interop.{f.stem}")
@@ -35,7 +35,7 @@ def _commands() -> dict[str, tuple[list[str], str]]:
 def test_the_known_clis_are_found():
     names = set(_commands())
     assert {"interop.check", "interop.fetch", "interop.cuda_originals", "bench.step", "bench.decode",
-            "bench.kernels", "bench.kernels_paged", "bench.plot_step"} <= names, names
+            "bench.kernel_ops", "bench.kernels_paged", "bench.plot_step"} <= names, names
 
 
 def test_every_cli_help_exits_0_with_useful_text():

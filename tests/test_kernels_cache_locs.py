@@ -1,4 +1,4 @@
-"""kernels/cache_locs.py: Pallas (interpret on CPU) == jnp reference == NumPy oracle, exactly.
+"""jaxspec/kernels/cache_locs.py: Pallas (interpret on CPU) == jnp reference == NumPy oracle, exactly.
 
 Golden: SGLang 0.5.23 semantics (docs/ops.md: "assign_extend_cache_locs", "fill_accept_out_cache_loc",
 "assign_draft_cache_locs"); fixtures from upstream's tests (upstream

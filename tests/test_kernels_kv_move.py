@@ -1,4 +1,4 @@
-"""kernels/kv_move.py: Pallas (interpret on CPU) == jnp reference == NumPy oracle, bit for bit.
+"""jaxspec/kernels/kv_move.py: Pallas (interpret on CPU) == jnp reference == NumPy oracle, bit for bit.
 
 Golden: SGLang 0.5.23 (docs/ops.md, "move_accept_tokens_to_target_kvcache"): packed pairs from fill_front/fill_accept, parallel assignment.
 Pools are built from integer iotas bit-cast to bf16/f32 (every element distinct and never NaN), so

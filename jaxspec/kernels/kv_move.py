@@ -35,7 +35,7 @@ request's moved entries are its leading ``k < min(accept_lens[b], A, N)`` entrie
 ``[b*N, (b+1)*N)`` (its own) in increasing order; the row is cut at the first entry that is not (so no
 other request's slot is read or written).
 Checked mode flags all of these, and traced hazards (``move_hazards``), before anything is written
-(``kernels/_dispatch.py``).
+(``jaxspec/kernels/_dispatch.py``).
 """
 
 import dataclasses

@@ -156,7 +156,7 @@ def originals_root() -> pathlib.Path:
     env = os.environ.get("JAXSPEC_ORIGINALS")
     if env:
         return pathlib.Path(env).resolve()
-    repo = pathlib.Path(__file__).resolve().parents[1]
+    repo = pathlib.Path(__file__).resolve().parents[2]
     if (repo / "pyproject.toml").exists():
         return repo / ".originals"
     return pathlib.Path.cwd() / ".originals"

@@ -15,7 +15,7 @@ Differences from upstream, all on inputs upstream leaves undefined (the checked 
   * negative lengths / page counts act as 0 (upstream: they shift the cumsum offsets of later requests);
   * ``update_req_to_page`` drops writes past the row width or past the packed page buffer, and the whole
     update of a request whose start column is negative (upstream: no bounds check, the caller clamps --
-    see ``kernels/block_table.py``);
+    see ``jaxspec/kernels/block_table.py``);
   * a negative position (``cache_start < 0``) or a negative page id in the table gives slot 0 (upstream:
     a slot on another page or a negative location);
   * duplicate ``req_pool_indices`` with overlapping writes race upstream and are unspecified here too.
@@ -360,7 +360,7 @@ def _uniform_kernel(
 
 # ----------------------------------------------------------------------------------------------------
 # Public ops: validate (int64 narrowed through index_array, never truncated) -> resolve -> one jitted
-# ``KernelOp`` keyed on the static config, implementation, interpret and checked mode (kernels/_dispatch.py).
+# ``KernelOp`` keyed on the static config, implementation, interpret and checked mode (jaxspec/kernels/_dispatch.py).
 # ----------------------------------------------------------------------------------------------------
 
 

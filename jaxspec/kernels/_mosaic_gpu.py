@@ -1,7 +1,7 @@
 """The one module holding jaxspec's Mosaic GPU (``plgpu``) Pallas imports.
 
-Mosaic GPU is the supported Pallas lowering on NVIDIA GPUs (the Triton lowering, in ``kernels/_triton.py``,
-is deprecated since jax 0.11). ``kernels/_backend.py`` registers this module as backend ``"mosaic"``. Kernels written against it use:
+Mosaic GPU is the supported Pallas lowering on NVIDIA GPUs (the Triton lowering, in ``jaxspec/kernels/_triton.py``,
+is deprecated since jax 0.11). ``jaxspec/kernels/_backend.py`` registers this module as backend ``"mosaic"``. Kernels written against it use:
 
 * ``pl`` (``jax.experimental.pallas``): ``ds``, ``when``, ``run_scoped``, ``run_state``, ``cdiv``;
 * ``plgpu`` (``jax.experimental.pallas.mosaic_gpu``): ``kernel``, ``SMEM``, ``Barrier``, ``wgmma``,

@@ -3,11 +3,11 @@ against the XLA reference: device time per op (R repetitions inside one jit) and
 For the KV move also achieved GB/s (bytes read + written) vs a device-to-device copy measured in the
 same run. One command on the H200:
 
-    python bench/kernels.py --json /tmp/kernels.json
+    python bench/kernel_ops.py --json /tmp/kernels.json
 
 CPU smoke test (interpret mode, tiny sizes; timings meaningless):
 
-    python bench/kernels.py --interpret --small
+    python bench/kernel_ops.py --interpret --small
 
 The TokenSpeed paged cache-location and MTP helper cases come from ``bench/kernels_paged.py``: its
 ``CASES``, a list of callables ``case(ctx: BenchContext) -> list[dict]``, append rows to the table (same
@@ -238,7 +238,7 @@ def print_table(rows):
 
 
 def main(argv=None):
-    p = _cli.parser("kernels.py", __doc__)
+    p = _cli.parser("kernel_ops.py", __doc__)
     p.add_argument("--interpret", action="store_true", help="Pallas interpret mode (CPU smoke test)")
     p.add_argument("--small", action="store_true", help="tiny sizes (smoke test)")
     p.add_argument("--json", default=None, help="write rows as JSON to this path")

@@ -7,7 +7,7 @@ All location outputs are int32 (SGLang uses int64 buffers; the values are identi
 allocated here (no caller ``out`` tensors); packed ragged outputs have a zero tail (dummy KV slot 0).
 
 Every op has a pure-jnp ``<op>_reference`` (jittable) and a Pallas kernel that lowers through the
-Triton backend (``kernels/_backend.py``): 1-D gathers/scatters on flattened refs with index vectors,
+Triton backend (``jaxspec/kernels/_backend.py``): 1-D gathers/scatters on flattened refs with index vectors,
 power-of-two blocks, static grids, no scalar prefetch. Masked-off store lanes are parked on an
 out-of-range index (``PARK``) because Pallas interpret mode writes masked lanes back.
 
@@ -15,7 +15,7 @@ Out-of-range values (one rule, reference and kernel alike): a read outside ``req
 outside ``[0, R)``, a column outside ``[0, W)``) or an ``accept_index`` node outside ``[0, T)`` reads the
 dummy slot 0 -- never another request's row. Checked mode (``jaxspec.checks()`` / ``JAXSPEC_CHECKS=1``)
 flags them: offsets inside the ``req_to_token`` row, packed totals within ``out_size``, pool rows in range.
-Dispatch: ``kernels/_dispatch.py`` (validate -> resolve -> one jitted ``KernelOp``).
+Dispatch: ``jaxspec/kernels/_dispatch.py`` (validate -> resolve -> one jitted ``KernelOp``).
 """
 
 import functools
@@ -242,7 +242,7 @@ def _accept_pallas(accept_index, out_cache_loc, *, interpret):
 
 
 # ----------------------------------------------------------------------------------------------------
-# Public ops: validate -> resolve ``implementation`` -> one jitted ``KernelOp`` (kernels/_dispatch.py)
+# Public ops: validate -> resolve ``implementation`` -> one jitted ``KernelOp`` (jaxspec/kernels/_dispatch.py)
 # ----------------------------------------------------------------------------------------------------
 
 
