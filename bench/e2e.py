@@ -54,9 +54,9 @@ SIM_MEANS = (2.0, 3.0)
 def _parse(argv):
     ap = _cli.parser("e2e.py", __doc__)
     ap.add_argument("--device", choices=["cpu", "gpu"], default="gpu", help="JAX platform to run on")
-    ap.add_argument("--models", default="8b,1b", help="comma list of 8b, 1b, tiny")
+    ap.add_argument("--models", default="8b,1b", help="comma list of 8b, 1b, smollm2 (135M), tiny")
     ap.add_argument("--configs", default="plain,chain,tree,adaptive",
-                    help="comma list: plain, chain (S3 K1 N4), tree (S5 K4 N8), adaptive (plain / chain / tree chosen "
+                    help="comma list: plain, chain (S3 K1 N4), tree (S5 K4 N8), tree16 (S5 K4 N16), adaptive (plain / chain / tree chosen "
                          "per round, Engine(adaptive=True), costs calibrated at the row's batch and context)")
     ap.add_argument("--batches", default=BATCHES, help="comma list of batch sizes")
     ap.add_argument("--contexts", default=CONTEXTS, help="comma list of context lengths (tokens already in the KV)")
@@ -91,6 +91,10 @@ def model_configs():
         "8b": DecoderConfig(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, head_dim=128, **llama),
         "1b": DecoderConfig(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, head_dim=64,
                             tie_word_embeddings=True, **llama),
+        # SmolLM2-135M-Instruct's shape (the real model of bench/real_model.py): small and launch-bound
+        "smollm2": DecoderConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                                 num_attention_heads=9, num_key_value_heads=3, head_dim=64, rms_norm_eps=1e-5,
+                                 rope_theta=100000.0, tie_word_embeddings=True, num_nextn_predict_layers=1),
         "tiny": DecoderConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                               num_attention_heads=4, num_key_value_heads=2, head_dim=16, rope_theta=500000.0,
                               num_nextn_predict_layers=1),
@@ -140,7 +144,7 @@ def _label(cname: str, dv: int) -> str:
 def _specs():
     from jaxspec.config import SpecConfig
 
-    return {"plain": None, "chain": SpecConfig(3, 1, 4), "tree": SpecConfig(5, 4, 8)}
+    return {"plain": None, "chain": SpecConfig(3, 1, 4), "tree": SpecConfig(5, 4, 8), "tree16": SpecConfig(5, 4, 16)}
 
 
 ADAPTIVE_SPECS = ("chain", "tree")  # the draft shapes an "adaptive" row chooses from, besides plain decoding
