@@ -8,7 +8,6 @@ import struct
 import time
 from pathlib import Path
 
-import gguf
 import numpy as np
 import pytest
 from flax import nnx
@@ -17,6 +16,8 @@ from jaxspec.models import gguf as jgguf
 from jaxspec.models import load_model, read_gguf_info
 from jaxspec.models.config import DecoderConfig
 from jaxspec.models.decoder import Decoder
+
+gguf = pytest.importorskip("gguf")  # not installed where jaxspec is installed without its dependencies
 
 CFG = DecoderConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
                     num_key_value_heads=1, head_dim=16, rms_norm_eps=1e-5, tie_word_embeddings=False)

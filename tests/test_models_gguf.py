@@ -5,7 +5,6 @@ permutation of llama.cpp's converter is undone; refusals name the tensor. CPU, f
 import json
 import os
 
-import gguf
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -18,6 +17,8 @@ from jaxspec.models.config import DecoderConfig
 from jaxspec.models.decoder import Decoder
 from jaxspec.protocols import AttentionMetadata
 from jaxspec.pipeline import causal_qmask
+
+gguf = pytest.importorskip("gguf")  # not installed where jaxspec is installed without its dependencies
 
 # Every row length (ne0: hidden 64, intermediate 96) is a multiple of the 32-element quant block.
 CFG = DecoderConfig(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,

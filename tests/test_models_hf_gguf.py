@@ -12,6 +12,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
+pytest.importorskip("gguf")
 
 from test_models_gguf import CFG, random_hf, write_llama_gguf  # noqa: E402
 

@@ -19,15 +19,17 @@ import time
 from urllib.parse import urlparse
 
 import numpy as np
-import openai
 import pytest
 
-from jaxspec.config import SpecConfig
-from jaxspec.engine import Engine
-from jaxspec.models import DEFAULT_WEIGHTS, MTPDrafter, load_pair
-from jaxspec.serve import ServerThread, build_app
-from jaxspec.serving import ServingEngine
-from jaxspec.text import Tokenizer
+openai = pytest.importorskip("openai")
+pytest.importorskip("aiohttp")
+
+from jaxspec.config import SpecConfig  # noqa: E402
+from jaxspec.engine import Engine  # noqa: E402
+from jaxspec.models import DEFAULT_WEIGHTS, MTPDrafter, load_pair  # noqa: E402
+from jaxspec.serve import ServerThread, build_app  # noqa: E402
+from jaxspec.serving import ServingEngine  # noqa: E402
+from jaxspec.text import Tokenizer  # noqa: E402
 
 MODEL = "tiny-pair"
 W, PAGE, BATCH, ROUNDS = 128, 16, 8, 4
