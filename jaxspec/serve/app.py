@@ -29,6 +29,7 @@ from jaxspec.text import Tokenizer
 
 DRIVER = web.AppKey("driver", EngineDriver)
 BODY_TIMEOUT = web.AppKey("body_timeout_s", float)
+MAX_BODY = web.AppKey("max_body_bytes", int)
 DEFAULT_MAX_BODY_BYTES = 1 << 20  # 1 MiB, aiohttp's own default
 DEFAULT_BODY_TIMEOUT_S = 30.0
 _log = logging.getLogger("jaxspec.serve")
@@ -249,8 +250,8 @@ async def _parsed(request, parse):
     except TimeoutError:
         raise _Refused(408, f"the request body was not received within {timeout:g} s", "invalid_request_error",
                        "body_timeout") from None
-    except web.HTTPRequestEntityTooLarge as e:
-        raise _Refused(413, f"the request body exceeds {e.max_size} bytes (this server's limit)",
+    except web.HTTPRequestEntityTooLarge:
+        raise _Refused(413, f"the request body exceeds {request.app[MAX_BODY]} bytes (this server's limit)",
                        "invalid_request_error", "body_too_large") from None
     served = request.app[SERVED]
     return await asyncio.get_running_loop().run_in_executor(None, lambda: parse(_json(raw), served))
@@ -322,7 +323,7 @@ def build_app(serving_engine: ServingEngine, tokenizer: Tokenizer, model_name: s
         raise ValueError(f"body_timeout_s: expected a finite number of seconds > 0, got {body_timeout_s!r}")
     app = web.Application(middlewares=[_errors], client_max_size=max_body_bytes)
     app[DRIVER] = EngineDriver(serving_engine, max_queued_requests)
-    app[BODY_TIMEOUT] = float(body_timeout_s)
+    app[BODY_TIMEOUT], app[MAX_BODY] = float(body_timeout_s), max_body_bytes
     app[SERVED] = protocol.Served.of(tokenizer, model_name, serving_engine)
 
     async def start(app):
