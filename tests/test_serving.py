@@ -43,8 +43,9 @@ _CACHE: dict = {}
 
 
 def _add(se, prompt, max_new, request_id=None, **sampling):
-    """Submit ``prompt`` for ``max_new`` tokens (sampling keywords as in ``RequestParams``); returns its id."""
-    return se.submit(prompt, RequestParams(max_new_tokens=max_new, **sampling), request_id=request_id).request_id
+    """Submit ``prompt`` for ``max_new`` tokens (sampling keywords as in ``RequestParams``); returns its handle
+    (a finished request leaves ``se.requests``; its handle still reads it)."""
+    return se.submit(prompt, RequestParams(max_new_tokens=max_new, **sampling), request_id=request_id)
 
 
 def _model():
@@ -104,7 +105,7 @@ def _run(se: ServingEngine, schedule, aborts=()):
                 ids[i] = _add(se, np.array(prompt, np.int32), max_new)
         for i, at in aborts:
             if at == step and ids[i] is not None:
-                req = se.requests[ids[i]]
+                req = ids[i]._req
                 held, free = len(req.pages), se.pool.num_free
                 se.cancel(ids[i])
                 assert req.status == "finished" and req.pages == []
@@ -121,9 +122,9 @@ def _run(se: ServingEngine, schedule, aborts=()):
 def _check_outputs(se, schedule, ids, streamed, aborts=()):
     aborted = {i for i, _ in aborts}
     for i, (_, prompt, max_new) in enumerate(schedule):
-        req = se.requests[ids[i]]
+        req = ids[i]
         want = _solo(tuple(prompt), max_new)
-        assert streamed.get(ids[i], []) == req.output
+        assert streamed.get(req.request_id, []) == req.output
         if req.finish_reason == "abort":
             assert i in aborted and req.output == want[: len(req.output)], (i, req.output, want)
         else:
@@ -204,18 +205,18 @@ def test_abort_frees_pages_at_once():
     c = _add(se, np.array(_prompt(13, 20), np.int32), 16)  # 3 pages worst case each: c waits
     se.step()
     se.step()
-    assert se.requests[c].status == "waiting"
-    held = len(se.requests[a].pages)
-    assert held > 0 and se.requests[a].output
+    assert c.status == "waiting"
+    held = len(se.requests[a.request_id].pages)
+    assert held > 0 and a.output
     free = se.pool.num_free
     se.cancel(a)
-    assert se.pool.num_free == free + held and se.requests[a].finish_reason == "abort"
+    assert se.pool.num_free == free + held and a.finish_reason == "abort"
     se.step()
-    assert se.requests[c].status == "running"
+    assert c.status == "running"
     se.run_until_done()
     assert se.pool.num_free == se.pool.capacity
-    assert se.requests[b].output == _solo(_prompt(12, 9), 16)
-    assert se.requests[c].output == _solo(_prompt(13, 20), 16)
+    assert b.output == _solo(_prompt(12, 9), 16)
+    assert c.output == _solo(_prompt(13, 20), 16)
     se.cancel(a)  # already finished: nothing happens
     with pytest.raises(ValueError, match="request"):
         se.cancel("nope")
@@ -265,7 +266,7 @@ def test_refusals():
         _add(se, np.arange(30) % 64, 8)  # 3 pages of 16 needed, the pool has 2
     rid = _add(se, np.arange(10) % 64, 8)
     with pytest.raises(ValueError, match="request_id"):
-        _add(se, np.arange(10) % 64, 8, request_id=rid)
+        _add(se, np.arange(10) % 64, 8, request_id=rid.request_id)
     with pytest.raises(ValueError, match="rounds_per_step"):
         ServingEngine(se.engine, rounds_per_step=0)
     with pytest.raises(ValueError, match="engine"):
@@ -283,7 +284,7 @@ def test_eos_finishes_with_stop():
                               num_pages=NUM_PAGES[16], eos_id=eos))
     rid = _add(se, np.array(prompt, np.int32), 16)
     se.run_until_done()
-    assert se.requests[rid].output == want and se.requests[rid].finish_reason == "stop"
+    assert rid.output == want and rid.finish_reason == "stop"
     assert se.pool.num_free == se.pool.capacity
 
 
@@ -318,10 +319,10 @@ def test_several_rounds_per_step():
     short = _add(se, np.array(_prompt(56, 4), np.int32), 2)  # its first round ends it
     long = _add(se, np.array(_prompt(57, 4), np.int32), 40)
     se.step()
-    assert se.requests[short].status == "finished"
-    assert 2 <= len(se.requests[long].output) <= 1 + CHAIN.num_steps + 1  # prefill's token + one round
+    assert short.status == "finished"
+    assert 2 <= len(long.output) <= 1 + CHAIN.num_steps + 1  # prefill's token + one round
     se.run_until_done()
-    assert se.requests[long].output == _solo(_prompt(57, 4), 40)
+    assert long.output == _solo(_prompt(57, 4), 40)
 
 
 def test_one_host_read_per_step(monkeypatch):
@@ -389,8 +390,8 @@ def test_sampled_requests_draw_what_they_draw_alone():
     assert se.pool.num_free == se.pool.capacity
     for i, (_, prompt, max_new) in enumerate(schedule):
         want = solo.generate([np.array(prompt, np.int32)], max_new, **params[i]).tokens[0].tolist()
-        assert se.requests[ids[i]].output == want, (i, params[i])
-    assert se.requests[ids[2]].output == _solo(schedule[2][1], schedule[2][2])
+        assert ids[i].output == want, (i, params[i])
+    assert ids[2].output == _solo(schedule[2][1], schedule[2][2])
     with pytest.raises(ValueError, match="greedy"):
         _add(_serving("chain", 16), np.arange(5), 4, temperature=1.0)
 

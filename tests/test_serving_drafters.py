@@ -29,8 +29,8 @@ KW = dict(max_context=64, page_size=4, max_batch=2, num_pages=40)
 
 
 def _add(se, prompt, max_new, request_id=None, **sampling):
-    """Submit ``prompt`` for ``max_new`` tokens (sampling keywords as in ``RequestParams``); returns its id."""
-    return se.submit(prompt, RequestParams(max_new_tokens=max_new, **sampling), request_id=request_id).request_id
+    """Submit ``prompt`` for ``max_new`` tokens (sampling keywords as in ``RequestParams``); returns its handle."""
+    return se.submit(prompt, RequestParams(max_new_tokens=max_new, **sampling), request_id=request_id)
 
 
 def _eagle3_pair():
@@ -58,7 +58,7 @@ def _drive(se: ServingEngine, schedule) -> list:
         step += 1
         assert step < 200
     assert se.pool.num_free == se.pool.capacity and not se.scheduler.running  # no leak
-    return [se.requests[i].output for i in ids]
+    return [h.output for h in ids]
 
 
 def _solo(target, schedule) -> list:

@@ -3,13 +3,19 @@
 ``build_app(serving_engine, tokenizer, model_name)``: ``/v1/chat/completions`` (the checkpoint's chat template,
 stopping at ``tokenizer.chat_stop_token_ids``), ``/v1/completions`` (raw text or token ids, stopping at
 ``tokenizer.eos_token_ids``), ``/v1/models``, ``/health``, ``/metrics`` (Prometheus text). ``stream: true``
-answers with server-sent events in OpenAI's chunk shapes. Bad input: HTTP 400 with OpenAI's error body
-(``protocol.RequestError``); unknown routes 404. A client that disconnects cancels its request.
-``ServerThread(app)`` runs an app on a thread of its own and gives its ``url``.
+answers with server-sent events in OpenAI's chunk shapes. A client that disconnects cancels its request.
+
+Every refusal is OpenAI's JSON error body (``{"error": {"message", "type", "param", "code"}}``): bad input 400
+(``protocol.RequestError``, naming the field), unknown routes 404, a wrong method 405, a body not read whole
+within ``body_timeout_s`` 408, a body over ``max_body_bytes`` 413, a full queue (``max_queued_requests``
+requests already waiting beyond the free batch slots) 429, an internal error 500, a failed engine 503.
+Bodies are parsed and prompts tokenized off the event loop (a prompt too long for the context is refused
+before it is tokenized). ``ServerThread(app)`` runs an app on a thread of its own and gives its ``url``.
 """
 
 import asyncio
 import json
+import logging
 import threading
 import time
 import uuid
@@ -17,16 +23,29 @@ import uuid
 from aiohttp import web
 
 from jaxspec.serve import protocol
-from jaxspec.serve.driver import EngineDriver, Submission
+from jaxspec.serve.driver import DEFAULT_MAX_QUEUED_REQUESTS, EngineDriver, Submission
 from jaxspec.serving import ServingEngine
 from jaxspec.text import Tokenizer
 
 DRIVER = web.AppKey("driver", EngineDriver)
+BODY_TIMEOUT = web.AppKey("body_timeout_s", float)
+MAX_BODY = web.AppKey("max_body_bytes", int)
+DEFAULT_MAX_BODY_BYTES = 1 << 20  # 1 MiB, aiohttp's own default
+DEFAULT_BODY_TIMEOUT_S = 30.0
+_log = logging.getLogger("jaxspec.serve")
 
 
-def _error(status: int, message: str, param=None) -> web.Response:
-    return web.json_response({"error": {"message": message, "type": "invalid_request_error", "param": param,
-                                        "code": None}}, status=status)
+def _error(status: int, message: str, param=None, kind: str = "invalid_request_error", code=None) -> web.Response:
+    return web.json_response({"error": {"message": message, "type": kind, "param": param, "code": code}},
+                             status=status)
+
+
+class _Refused(Exception):
+    """A refusal that is not about a field: an HTTP ``status`` with OpenAI's error body."""
+
+    def __init__(self, status: int, message: str, kind: str, code=None):
+        super().__init__(message)
+        self.status, self.message, self.kind, self.code = status, message, kind, code
 
 
 @web.middleware
@@ -35,36 +54,66 @@ async def _errors(request, handler):
         return await handler(request)
     except protocol.RequestError as e:
         return _error(400, e.message, e.param)
+    except _Refused as e:
+        return _error(e.status, e.message, None, e.kind, e.code)
     except web.HTTPNotFound:
         return _error(404, f"Invalid URL ({request.method} {request.path})")
     except web.HTTPMethodNotAllowed:
         return _error(405, f"Method not allowed ({request.method} {request.path})")
+    except web.HTTPException as e:
+        return _error(e.status, e.reason or e.text or "refused", None,
+                      "invalid_request_error" if e.status < 500 else "server_error")
+    except asyncio.CancelledError:
+        raise
+    except Exception as e:  # noqa: BLE001 -- logged; the client gets the JSON error, not aiohttp's text page
+        _log.exception("error in %s %s", request.method, request.path)
+        return _error(500, f"internal server error: {type(e).__name__}", None, "server_error")
 
 
 class _Stream:
-    """Text of one request as it decodes: the detokenizer (incremental), the stop ids and stop strings (cut on
-    the host), the ids so far."""
+    """Text of one request as it decodes: the detokenizer (incremental; ``skip_special_tokens``), the stop ids
+    (their text left out unless ``include_stop_str_in_output``) and stop strings (cut on the host, token by
+    token: the ids end at the token that completed the stop string, from ``min_tokens`` tokens on), the ids."""
 
-    def __init__(self, tokenizer: Tokenizer, stop_ids, stop_strings):
-        self.detok = tokenizer.detokenizer(skip_special_tokens=True)
-        self.stop_ids, self.stops = set(stop_ids), list(stop_strings)
+    def __init__(self, tokenizer: Tokenizer, req: protocol.Parsed):
+        self.detok = tokenizer.detokenizer(skip_special_tokens=req.skip_special_tokens)
+        self.stop_ids = set() if req.include_stop_str else set(req.params.stop_token_ids)
+        self.stops, self.keep, self.min_tokens = list(req.stop), req.include_stop_str, req.params.min_tokens
         self.hold = max((len(s) for s in self.stops), default=1) - 1
         self.text, self.sent, self.cut, self.ids = "", 0, False, []
 
-    def push(self, ids, finished: bool) -> str:
-        """The text newly final after ``ids``; ``self.cut`` once a stop string ended it."""
-        self.ids += ids
-        self.text += self.detok.push([i for i in ids if i not in self.stop_ids] if self.stop_ids else ids)
-        if finished:
-            self.text += self.detok.finish()
-        for s in self.stops:
-            at = self.text.find(s, max(0, self.sent - len(s) + 1))
-            if at >= 0:
-                self.text, self.cut = self.text[:at], True
+    def _extend(self, piece: str) -> None:
+        """Append ``piece``; with stop strings, cut at the first one that ends in it."""
+        before = len(self.text)
+        self.text += piece
+        if not piece or not self.stops or len(self.ids) < self.min_tokens:
+            return
+        hits = [(at, len(s)) for s in self.stops if (at := self.text.find(s, max(0, before - len(s) + 1))) >= 0]
+        if hits:
+            at, n = min(hits)
+            self.text, self.cut = self.text[: at + (n if self.keep else 0)], True
+
+    def push(self, ids, finished: bool) -> tuple[str, list]:
+        """``(the text newly final, the ids newly part of the reply)`` after ``ids``; ``self.cut`` once a stop
+        string ended it (the ids past the token that completed it are dropped)."""
+        if not self.stops:
+            self.ids += ids
+            self.text += self.detok.push([i for i in ids if i not in self.stop_ids] if self.stop_ids else ids)
+            kept = ids
+        else:
+            kept = []
+            for i in ids:
+                kept.append(i)
+                self.ids.append(i)
+                self._extend(self.detok.push([i]) if i not in self.stop_ids else "")
+                if self.cut:
+                    break
+        if finished and not self.cut:
+            self._extend(self.detok.finish())
         hold = 0 if finished or self.cut else self.hold
         end = max(self.sent, len(self.text) - hold)
         piece, self.sent = self.text[self.sent:end], end
-        return piece
+        return piece, kept
 
 
 class _Chunks:
@@ -117,23 +166,31 @@ async def _run(request, req: protocol.Parsed, chat: bool):
     driver, served = request.app[DRIVER], request.app[SERVED]
     sub = Submission(req.prompt_ids, req.params, asyncio.get_running_loop())
     driver.submit(sub)
-    text = _Stream(served.tokenizer, req.params.stop_token_ids, req.stop)
+    text = _Stream(served.tokenizer, req)
     rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
-    done = False
-    try:  # from here on a disconnect (the handler cancelled) or an error cancels the request
+    try:
         events = await sub.wait()
-        kind, arg = events.pop(0)[:2]
-        if kind == "error":
+    except asyncio.CancelledError:  # the client left before the driver answered
+        driver.drop(sub)
+        raise
+    kind, arg = events.pop(0)[:2]
+    if kind == "error":
+        if isinstance(arg, (ValueError, TypeError, OverflowError)):
             raise protocol.core_error(arg, req)
-        if kind == "failed":
-            return _server_error(arg)
+        _log.error("the serving core refused a request: %s: %s", type(arg).__name__, arg)
+        return _server_error(f"the request was refused: {type(arg).__name__}: {arg}")
+    if kind == "busy":
+        raise _Refused(429, arg, "rate_limit_error", "queue_full")
+    if kind == "failed":
+        return _error(503, arg, None, "server_error")
+    done, reason = False, None
+    try:  # from here on a disconnect (the handler cancelled) or an error ends the request
         if req.stream:
             chunks = _Chunks(rid, served.name, chat, req.include_usage, req.return_token_ids)
             resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
             await resp.prepare(request)
             if chat:
                 await resp.write(chunks.role())
-        reason = None
         while reason is None:
             events = events or await sub.wait()  # every step's tokens since the last chunk: one chunk
             ids, finished, why = [], False, None
@@ -143,11 +200,9 @@ async def _run(request, req: protocol.Parsed, chat: bool):
                 ids += ev[1]
                 finished, why = finished or ev[2], ev[3] or why
             events = []
-            piece = text.push(ids, finished)
-            if text.cut:
-                reason = "stop"
-            elif finished:
-                reason, done = why, True
+            piece, ids = text.push(ids, finished)
+            done = finished
+            reason = "stop" if text.cut else why if finished else None
             if not req.stream or not (piece or reason or req.return_token_ids and ids):
                 continue
             out = chunks.content(piece, ids, reason)
@@ -167,9 +222,8 @@ async def _run(request, req: protocol.Parsed, chat: bool):
         return web.json_response({"id": rid, "object": "chat.completion" if chat else "text_completion",
                                   "created": int(time.time()), "model": served.name, "choices": [choice],
                                   "usage": _usage(req, text)})
-    finally:
-        if not done:  # a stop string, a disconnect or a failure: the request ends here
-            driver.cancel(sub)
+    finally:  # counted under the reply's reason (a disconnect or a failure: abort); unfinished: cancelled
+        driver.end(sub, reason or "abort", cancel=not done)
 
 
 def _usage(req: protocol.Parsed, text: _Stream) -> dict:
@@ -177,19 +231,38 @@ def _usage(req: protocol.Parsed, text: _Stream) -> dict:
     return {"prompt_tokens": p, "completion_tokens": n, "total_tokens": p + n}
 
 
-async def _body(request):
+def _json(raw: bytes):
     try:
-        return json.loads(await request.read())
+        return json.loads(raw)
     except (ValueError, UnicodeDecodeError) as e:
         raise protocol.RequestError(f"the request body is not valid JSON: {e}", None) from None
+    except RecursionError:
+        raise protocol.RequestError("the request body is not valid JSON: nested too deeply", None) from None
+
+
+async def _parsed(request, parse):
+    """The body read (within the body timeout, at most the size limit), parsed and its prompt tokenized in a
+    worker thread: the event loop never waits on a large body, template or tokenizer."""
+    timeout = request.app[BODY_TIMEOUT]
+    try:
+        async with asyncio.timeout(timeout):
+            raw = await request.read()
+    except TimeoutError:
+        raise _Refused(408, f"the request body was not received within {timeout:g} s", "invalid_request_error",
+                       "body_timeout") from None
+    except web.HTTPRequestEntityTooLarge:
+        raise _Refused(413, f"the request body exceeds {request.app[MAX_BODY]} bytes (this server's limit)",
+                       "invalid_request_error", "body_too_large") from None
+    served = request.app[SERVED]
+    return await asyncio.get_running_loop().run_in_executor(None, lambda: parse(_json(raw), served))
 
 
 async def chat_completions(request):
-    return await _run(request, protocol.parse_chat(await _body(request), request.app[SERVED]), chat=True)
+    return await _run(request, await _parsed(request, protocol.parse_chat), chat=True)
 
 
 async def completions(request):
-    return await _run(request, protocol.parse_completion(await _body(request), request.app[SERVED]), chat=False)
+    return await _run(request, await _parsed(request, protocol.parse_completion), chat=False)
 
 
 async def models(request):
@@ -232,15 +305,25 @@ async def metrics(request):
 SERVED = web.AppKey("served", protocol.Served)
 
 
-def build_app(serving_engine: ServingEngine, tokenizer: Tokenizer, model_name: str) -> web.Application:
+def build_app(serving_engine: ServingEngine, tokenizer: Tokenizer, model_name: str, *,
+              max_queued_requests: int = DEFAULT_MAX_QUEUED_REQUESTS, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+              body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S) -> web.Application:
     """The server's ``aiohttp.web.Application`` (module docstring); its ``EngineDriver`` thread starts with
-    the app and stops at its cleanup."""
+    the app and stops at its cleanup. Limits: ``max_queued_requests`` (requests waiting beyond the free batch
+    slots; one more is 429), ``max_body_bytes`` (413 above it), ``body_timeout_s`` (408 for a body not read
+    whole in that time)."""
     if not isinstance(tokenizer, Tokenizer):
         raise ValueError(f"tokenizer: expected a jaxspec.text.Tokenizer, got {type(tokenizer).__name__}")
     if not isinstance(model_name, str) or not model_name:
         raise ValueError(f"model_name: expected a non-empty str, got {model_name!r}")
-    app = web.Application(middlewares=[_errors])
-    app[DRIVER] = EngineDriver(serving_engine)
+    if not isinstance(max_body_bytes, int) or isinstance(max_body_bytes, bool) or max_body_bytes < 1:
+        raise ValueError(f"max_body_bytes: expected an int >= 1, got {max_body_bytes!r}")
+    if (not isinstance(body_timeout_s, (int, float)) or isinstance(body_timeout_s, bool)
+            or not 0 < body_timeout_s < float("inf")):
+        raise ValueError(f"body_timeout_s: expected a finite number of seconds > 0, got {body_timeout_s!r}")
+    app = web.Application(middlewares=[_errors], client_max_size=max_body_bytes)
+    app[DRIVER] = EngineDriver(serving_engine, max_queued_requests)
+    app[BODY_TIMEOUT], app[MAX_BODY] = float(body_timeout_s), max_body_bytes
     app[SERVED] = protocol.Served.of(tokenizer, model_name, serving_engine)
 
     async def start(app):

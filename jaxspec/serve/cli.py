@@ -33,6 +33,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--rounds-per-step", type=int, default=4, help="decode rounds per serving step")
     p.add_argument("--dtype", choices=("bf16", "f32"), default="f32", help="weight dtype")
     p.add_argument("--served-model-name", help="the name clients send as `model` (default: --model)")
+    p.add_argument("--max-queued-requests", type=int, default=256,
+                   help="requests that may wait beyond the free batch slots; one more is refused (HTTP 429)")
+    p.add_argument("--max-body-bytes", type=int, default=1 << 20, help="largest request body (HTTP 413 above)")
+    p.add_argument("--body-timeout", type=float, default=30.0,
+                   help="seconds to receive a request's whole body (HTTP 408 after)")
     p.add_argument("--greedy", action="store_true",
                    help="greedy requests only (temperature 0): the core's greedy executables, which skip the "
                         "sampling work; a request that samples is refused (400)")
@@ -93,7 +98,8 @@ def main(argv=None) -> int:
     from jaxspec.serve.app import build_app  # noqa: PLC0415
 
     se, tok, name = build(args)
-    app = build_app(se, tok, name)
+    app = build_app(se, tok, name, max_queued_requests=args.max_queued_requests, max_body_bytes=args.max_body_bytes,
+                    body_timeout_s=args.body_timeout)
 
     async def ready(app):
         print(f"jaxspec-serve: serving {name} on http://{args.host}:{args.port}", flush=True)

@@ -8,10 +8,15 @@ the GIL for ``HANDOFF_S`` so that they are written before the next step's dispat
 
 A ``Submission`` is a request's mailbox, written on its event loop only: ``await sub.wait()`` returns every
 event that came since the last call (a slow reader gets several steps' tokens at once). Events, in order:
-``("accepted", None)`` or ``("error", ValueError)`` (the core refused it: nothing follows); then
+``("accepted", None)``, ``("error", exception)`` (the core's ``submit`` refused it, whatever the exception's
+type: that request alone is answered, the core goes on) or ``("busy", message)`` (``max_queued_requests``
+requests already wait beyond the free batch slots); nothing follows a refusal. Then
 ``("tokens", new_token_ids, finished, finish_reason)`` per step that produced tokens or ended it.
 ``("failed", message)`` when a step raised: the driver then refuses everything (``failed`` holds the message)
-and ``/health`` reports it.
+and ``/health`` reports it. The caller ends each accepted request with ``end(sub, reason)`` (the finish reason
+its reply gave, or ``"abort"``): that counts it in ``finished`` and, for a request the core has not finished,
+cancels it there; ``drop(sub)`` when the caller left before the driver's answer (cancelled and counted as an
+abort if it was accepted).
 """
 
 import asyncio
@@ -28,6 +33,7 @@ from jaxspec.serving import RequestParams, ServingEngine
 # writes them before the next step's host-side dispatch (Python, GIL held for ~2.5 ms a step on an H200 host)
 # delays them; without it a chunk waited for that dispatch. Costs ~0.1 ms of a step (~1-2%).
 HANDOFF_S = 1e-4
+DEFAULT_MAX_QUEUED_REQUESTS = 256  # requests that may wait beyond the free batch slots
 
 
 @dataclasses.dataclass(eq=False)
@@ -64,14 +70,19 @@ def _deliver(batch) -> None:
 
 
 class EngineDriver:
-    """Owns ``serving_engine`` on one thread (module docstring). ``start()``, ``stop()``, ``submit`` /
-    ``cancel`` from any thread; ``stats()``: the last ``ServingEngine.stats()`` snapshot, ``busy_seconds``
-    (time spent in ``step``) and ``finished`` (finish reason -> count)."""
+    """Owns ``serving_engine`` on one thread (module docstring). ``start()``, ``stop()``, ``submit`` / ``end``
+    from any thread; ``stats()``: the last ``ServingEngine.stats()`` snapshot, ``busy_seconds`` (time spent in
+    ``step``) and ``finished`` (finish reason -> count). ``max_queued_requests``: how many requests may wait
+    beyond the free batch slots; one more is refused (``"busy"``)."""
 
-    def __init__(self, serving_engine: ServingEngine):
+    def __init__(self, serving_engine: ServingEngine, max_queued_requests: int = DEFAULT_MAX_QUEUED_REQUESTS):
         if not isinstance(serving_engine, ServingEngine):
             raise ValueError(f"serving_engine: expected a jaxspec.serving.ServingEngine, got "
                              f"{type(serving_engine).__name__}")
+        q = max_queued_requests
+        if not isinstance(q, int) or isinstance(q, bool) or q < 0:
+            raise ValueError(f"max_queued_requests: expected an int >= 0, got {q!r}")
+        self.max_queued_requests = q
         self.se = serving_engine
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="jaxspec-serve-engine", daemon=True)
@@ -92,8 +103,17 @@ class EngineDriver:
     def submit(self, sub: Submission) -> None:
         self._inbox.put(("submit", sub))
 
-    def cancel(self, sub: Submission) -> None:
-        self._inbox.put(("cancel", sub))
+    def end(self, sub: Submission, reason: str, cancel: bool) -> None:
+        """An accepted request is over: count it under ``reason``; ``cancel``: the core has not finished it
+        (a stop string, a disconnect, a failure), so it is cancelled there."""
+        with self._lock:
+            self.finished[reason] += 1
+        if cancel:
+            self._inbox.put(("cancel", sub))
+
+    def drop(self, sub: Submission) -> None:
+        """The caller left before its answer: cancel the request if it was accepted (counted as an abort)."""
+        self._inbox.put(("drop", sub))
 
     def stats(self):
         with self._lock:
@@ -120,19 +140,25 @@ class EngineDriver:
             if self.failed is not None:
                 posts.append((sub, ("failed", self.failed)))
                 return True
+            st = se.stats()
+            if st.waiting >= self.max_queued_requests + st.num_slots - st.running:
+                posts.append((sub, ("busy", f"the server is busy: {st.waiting} requests wait for a batch slot "
+                                            f"(max_queued_requests={self.max_queued_requests}); retry later")))
+                return True
             try:
                 h = se.submit(sub.prompt_ids, sub.params)
-            except ValueError as e:
+            except Exception as e:  # noqa: BLE001 -- a refusal of this request alone, whatever its type
                 posts.append((sub, ("error", e)))
                 return True
             sub.request_id = h.request_id
             self._active[h.request_id] = sub
             posts.append((sub, ("accepted", None)))
-        elif kind == "cancel" and sub.request_id in self._active:
+        elif kind in ("cancel", "drop") and sub.request_id in self._active:
             del self._active[sub.request_id]
             se.cancel(sub.request_id)
-            with self._lock:
-                self.finished["abort"] += 1
+            if kind == "drop":
+                with self._lock:
+                    self.finished["abort"] += 1
         return True
 
     def _fail(self, e: Exception) -> list:
@@ -150,7 +176,6 @@ class EngineDriver:
         except Exception as e:  # noqa: BLE001 -- every waiting client is told, then the driver refuses
             return self._fail(e)
         dt = time.perf_counter() - t0
-        ended = []
         for o in outs:
             sub = self._active.get(o.request_id)
             if sub is None:
@@ -158,11 +183,9 @@ class EngineDriver:
             posts.append((sub, ("tokens", o.new_token_ids, o.finished, o.finish_reason)))
             if o.finished:
                 del self._active[o.request_id]
-                ended.append(o.finish_reason)
         stats = se.stats()
         with self._lock:
             self.busy_seconds += dt
-            self.finished.update(ended)
             self._stats = stats
         return posts
 

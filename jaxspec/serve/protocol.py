@@ -3,14 +3,22 @@
 Fields read: ``model`` (must be the served name), ``messages`` (chat: a non-empty list of ``{"role",
 "content"}``, content a string or a list of ``{"type": "text", "text"}`` parts) or ``prompt`` (completions: a
 string or a list of token ids, or a list holding one of them), ``max_completion_tokens`` / ``max_tokens``
-(default: chat, what the context leaves; completions, 16 as OpenAI), ``temperature`` (finite, >= 0; default 1
-as OpenAI), ``top_p`` (in (0, 1]), ``top_k`` (an extension: -1 / null = off, else in [1, V]), ``seed`` (an int
+(default: chat, what the context leaves; completions, 16 as OpenAI), ``temperature`` (a finite float32 >= 0;
+default 1 as OpenAI), ``top_p`` (in (0, 1]), ``top_k`` (an extension: -1 / null = off, else in [1, V]), ``seed`` (an int
 in [0, 2**31); default: a fresh one), ``stop`` (a string or a list of strings, cut on the host), ``n`` (1
 only), ``stream``, ``stream_options.include_usage``; extensions (as vLLM and SGLang name them): ``ignore_eos``
 (no stop token of the model's), ``stop_token_ids`` (more token ids that end the reply, the token counted),
-``return_token_ids`` (each choice, and each streamed chunk, carries the ``token_ids`` it covers). Options
-that would change the output and are not implemented (penalties, logprobs, tools, ...) are refused when set to
-anything but their neutral value; other fields are ignored.
+``return_token_ids`` (each choice, and each streamed chunk, carries the ``token_ids`` it covers),
+``min_tokens`` (stop tokens and stop strings end the reply only from that many tokens on; the stop tokens are
+not masked, they stay in the ids), ``include_stop_str_in_output`` (the stop string, or the stop token's text,
+ends the text), ``skip_special_tokens`` (default true). A reply cut at a stop string ends, text, ``token_ids``
+and usage alike, at the token that completed it. Options that would change the output and are not implemented
+(``NEUTRAL``: penalties, ``min_p``, logprobs, tools, ``response_format``, guided decoding, ...) are refused
+when set to anything but their neutral value; other fields are ignored.
+
+A prompt that cannot fit the context is refused before it is tokenized when its length in characters exceeds
+``max_context`` times the longest vocabulary entry (``Served.max_prompt_chars``); token id prompts longer than
+the context are refused before their ids are checked.
 """
 
 import dataclasses
@@ -21,9 +29,19 @@ import secrets
 from jaxspec.serving import RequestParams
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
-NEUTRAL = {"frequency_penalty": (0, 0.0), "presence_penalty": (0, 0.0), "logprobs": (False, 0),
-           "top_logprobs": (0,), "logit_bias": ({},), "tools": ([],), "functions": ([],), "best_of": (1,),
-           "echo": (False,), "suffix": ("",)}
+FLOAT32_MAX = 3.4028234663852886e38
+# field -> its neutral values (a field absent or null is neutral too); anything else is refused, naming it
+NEUTRAL = {"frequency_penalty": (0, 0.0), "presence_penalty": (0, 0.0), "repetition_penalty": (1, 1.0),
+           "length_penalty": (1, 1.0), "min_p": (0, 0.0), "logprobs": (False, 0), "top_logprobs": (0,),
+           "prompt_logprobs": (0,), "logit_bias": ({},), "tools": ([],), "functions": ([],),
+           "tool_choice": ("none", "auto"), "function_call": ("none", "auto"), "best_of": (1,), "echo": (False,),
+           "suffix": ("",), "response_format": ({"type": "text"},), "guided_json": (), "guided_regex": (),
+           "guided_choice": (), "guided_grammar": (), "guided_decoding_backend": (), "guided_whitespace_pattern": (),
+           "regex": (), "json_schema": (), "grammar": (), "ebnf": (), "structured_outputs": (), "bad_words": ([],),
+           "allowed_token_ids": (), "logits_processors": (), "use_beam_search": (False,),
+           "truncate_prompt_tokens": (), "spaces_between_special_tokens": (True,), "add_generation_prompt": (True,),
+           "continue_final_message": (False,), "chat_template": (), "chat_template_kwargs": ({},),
+           "prediction": ()}
 
 
 class RequestError(ValueError):
@@ -44,12 +62,15 @@ class Parsed:
     prompt_field: str
     max_tokens_field: str
     return_token_ids: bool = False
+    include_stop_str: bool = False
+    skip_special_tokens: bool = True
 
 
 @dataclasses.dataclass(frozen=True)
 class Served:
     """What requests are checked against, read once: the tokenizer, the served name, the core's context,
-    verify width and vocabulary, and the stop tokens of completions and chats."""
+    verify width and vocabulary, the stop tokens of completions and chats, and the longest prompt in
+    characters that could fit the context (``max_context`` tokens of the longest vocabulary entry)."""
 
     tokenizer: object
     name: str
@@ -58,12 +79,15 @@ class Served:
     vocab_size: int
     eos_ids: tuple
     chat_stop_ids: tuple
+    max_prompt_chars: int
 
     @classmethod
     def of(cls, tokenizer, name: str, se) -> "Served":
         eng = se.engine
+        longest = max(map(len, tokenizer.backend.get_vocab(with_added_tokens=True)), default=1)
         return cls(tokenizer, name, eng.max_context, eng.opts.verify_width, eng.vocab_size,
-                   tuple(tokenizer.eos_token_ids), tuple(tokenizer.chat_stop_token_ids))
+                   tuple(tokenizer.eos_token_ids), tuple(tokenizer.chat_stop_token_ids),
+                   eng.max_context * max(1, longest))
 
 
 def _number(v) -> bool:
@@ -89,8 +113,9 @@ def _common(body, sv: Served, prompt_ids, prompt_field, default_max, stop_ids) -
                            f"{len(prompt_ids)}-token prompt), got {mt!r}", mt_field)
     t = body.get("temperature", 1.0)
     t = 1.0 if t is None else t
-    if not _number(t) or not math.isfinite(t) or t < 0:
-        raise RequestError(f"temperature: expected a finite number >= 0, got {t!r}", "temperature")
+    if not _number(t) or not math.isfinite(t) or not 0 <= t <= FLOAT32_MAX:
+        raise RequestError(f"temperature: expected a finite number in [0, {FLOAT32_MAX:.8g}] (float32), got {t!r}",
+                           "temperature")
     p = body.get("top_p", 1.0)
     p = 1.0 if p is None else p
     if not _number(p) or not (0 < p <= 1):
@@ -125,10 +150,18 @@ def _common(body, sv: Served, prompt_ids, prompt_field, default_max, stop_ids) -
         raise RequestError(f"stop_token_ids: expected a list of token ids in [0, {sv.vocab_size}), got {extra!r}",
                            "stop_token_ids")
     stop_ids = tuple(dict.fromkeys((() if ignore else tuple(stop_ids)) + tuple(extra)))
+    mn = body.get("min_tokens")
+    mn = 0 if mn is None else mn
+    if not _int(mn) or not 0 <= mn <= mt:
+        raise RequestError(f"min_tokens: expected an int in [0, {mt}] (at most {mt_field}), got {mn!r}", "min_tokens")
+    skip = body.get("skip_special_tokens")
+    skip = True if skip is None else skip
+    if not isinstance(skip, bool):
+        raise RequestError(f"skip_special_tokens: expected a boolean, got {skip!r}", "skip_special_tokens")
     params = RequestParams(max_new_tokens=int(mt), temperature=float(t), top_k=None if k in (None, -1) else k,
-                           top_p=float(p), seed=int(seed), stop_token_ids=stop_ids)
+                           top_p=float(p), seed=int(seed), stop_token_ids=stop_ids, min_tokens=mn)
     return Parsed(list(prompt_ids), params, tuple(stop), bool(stream), include_usage, prompt_field, mt_field,
-                  _flag(body, "return_token_ids"))
+                  _flag(body, "return_token_ids"), _flag(body, "include_stop_str_in_output"), skip)
 
 
 def _flag(body, name) -> bool:
@@ -152,7 +185,9 @@ def _check_body(body, model_name):
     for name, neutral in NEUTRAL.items():
         v = body.get(name)
         if v is not None and not any(type(v) is type(x) and v == x for x in neutral):
-            raise RequestError(f"{name}: not supported by this server (got {v!r})", name)
+            shown = repr(v) if len(repr(v)) <= 80 else repr(v)[:77] + "..."
+            raise RequestError(f"{name}: not supported by this server (got {shown}; supported: "
+                               f"{' or '.join(map(repr, neutral)) or 'null'})", name)
 
 
 def _content(m, i):
@@ -175,6 +210,10 @@ def parse_chat(body, sv: Served) -> Parsed:
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
             raise RequestError(f"messages[{i}]: expected an object with a string 'role'", "messages")
     msgs = [_content(m, i) for i, m in enumerate(msgs)]
+    chars = sum(len(m["content"]) for m in msgs if isinstance(m.get("content"), str))
+    if chars > sv.max_prompt_chars:
+        raise RequestError(f"messages: {chars} characters of content cannot fit this server's context of "
+                           f"{sv.max_context} tokens (at most {sv.max_prompt_chars} characters)", "messages")
     try:
         ids = sv.tokenizer.encode_chat(msgs, add_generation_prompt=True)
     except Exception as e:  # noqa: BLE001 -- template errors, and characters the tokenizer cannot encode
@@ -188,6 +227,12 @@ def parse_completion(body, sv: Served) -> Parsed:
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]
+    if isinstance(prompt, str) and len(prompt) > sv.max_prompt_chars:
+        raise RequestError(f"prompt: {len(prompt)} characters cannot fit this server's context of {sv.max_context} "
+                           f"tokens (at most {sv.max_prompt_chars} characters)", "prompt")
+    if isinstance(prompt, list) and len(prompt) > sv.max_context:
+        raise RequestError(f"prompt: {len(prompt)} token ids exceed this server's context of {sv.max_context} "
+                           f"tokens", "prompt")
     if isinstance(prompt, str) and prompt:
         try:
             ids = sv.tokenizer.encode(prompt, add_special_tokens=True)
@@ -203,7 +248,7 @@ def parse_completion(body, sv: Served) -> Parsed:
     return _common(body, sv, ids, "prompt", COMPLETIONS_DEFAULT_MAX_TOKENS, sv.eos_ids)
 
 
-def core_error(e: ValueError, req: Parsed) -> RequestError:
+def core_error(e: Exception, req: Parsed) -> RequestError:
     """The serving core's refusal (its message starts with the field) as a ``RequestError``."""
     m = re.match(r"\s*([A-Za-z_]+)", str(e))
     field = m.group(1) if m else None

@@ -118,6 +118,7 @@ class Request:
     worst_pages: int = 0  # pages its whole life can reach (the admission budget)
     sampling: tuple = ()  # (temperature f32[1], top_k i32[1], top_p f32[1], seed i32[1]) of check_sampling
     stop_token_ids: frozenset = frozenset()  # host-matched stop ids (the engine's eos_id stops on the device)
+    min_tokens: int = 0  # a host-matched stop id at an output position below this does not end it
     rounds: int = 0  # verify rounds it was active in, and the tokens they accepted (the device's last counts)
     accepted: int = 0
     prefilled: int = 0
@@ -322,8 +323,10 @@ class ServingEngine:
     its tokens); ``step()`` runs one iteration and returns a ``RequestOutput`` per request that produced tokens
     or ended; ``cancel(handle)`` ends a request at once (queued or running: its slot and pages are free when it
     returns); ``generate(prompts, params)`` is the blocking form for a list; ``has_unfinished()``; ``stats()``;
-    ``warmup()`` compiles every executable a step can run; ``requests[request_id]`` holds each request
-    (``output`` grows as it decodes). One thread owns a core.
+    ``warmup()`` compiles every executable a step can run; ``requests[request_id]`` holds each unfinished request
+    (``output`` grows as it decodes): a request leaves it when it finishes (the ``step`` that returns its last
+    output, or ``cancel``), so the core keeps nothing of the requests it has served; its ``RequestHandle`` still
+    reads it. One thread owns a core.
     """
 
     def __init__(self, engine: Engine, *, rounds_per_step: int = 1, sampling: bool = False,
@@ -489,8 +492,9 @@ class ServingEngine:
                ) -> RequestHandle:
         """Queue a request (``params``: ``RequestParams()`` when None); returns its ``RequestHandle``. Sampling
         other than greedy only in a ``sampling=True`` core. ``ValueError`` naming the field for a bad prompt or
-        parameter, a request that overflows ``max_context`` or could never fit the page pool, or a duplicate
-        ``request_id``."""
+        parameter, a request that overflows ``max_context`` or could never fit the page pool, or a
+        ``request_id`` of an unfinished request. Without ``request_id`` it gets ``req-N``, the next ``N`` that no
+        unfinished request holds."""
         params = RequestParams() if params is None else params
         if not isinstance(params, RequestParams):
             raise ValueError(f"params: expected a jaxspec.serving.RequestParams, got {type(params).__name__}")
@@ -502,11 +506,16 @@ class ServingEngine:
             raise ValueError("temperature / top_k / top_p: this ServingEngine is greedy (build it with sampling=True)")
         if any(i >= eng.vocab_size for i in params.stop_token_ids):
             raise ValueError(f"stop_token_ids: expected ids < vocab_size={eng.vocab_size}, got {params.stop_token_ids}")
+        if params.min_tokens and eng.eos_id >= 0:
+            raise ValueError(f"min_tokens: this engine stops at eos_id={eng.eos_id} on the device, which min_tokens "
+                             f"cannot hold back (build the Engine without eos_id; stop at stop_token_ids)")
+        if request_id is not None and (not isinstance(request_id, str) or request_id in self.requests):
+            raise ValueError(f"request_id: expected a str that no unfinished request holds, got {request_id!r}")
         if request_id is None:
+            while f"req-{self._next_id}" in self.requests:  # a caller chose it
+                self._next_id += 1
             request_id = f"req-{self._next_id}"
             self._next_id += 1
-        if not isinstance(request_id, str) or request_id in self.requests:
-            raise ValueError(f"request_id: expected a new str, got {request_id!r}")
         prompt, mnt = arrs[0], int(mnt[0])
         worst = math.ceil(min(self.max_context, prompt.size + mnt + self.rounds_per_step * self.verify_width)
                           / self.page_size)
@@ -514,36 +523,40 @@ class ServingEngine:
             raise ValueError(f"prompt_ids: the request may need {worst} KV pages of {self.page_size} tokens, the pool "
                              f"holds {self.pool.capacity} (num_pages={self.pool.num_pages}, page 0 reserved)")
         req = Request(request_id, prompt, mnt, worst_pages=worst, sampling=sampling,
-                      stop_token_ids=frozenset(params.stop_token_ids))
+                      stop_token_ids=frozenset(params.stop_token_ids), min_tokens=params.min_tokens)
         self.requests[request_id] = req
         self.scheduler.waiting.append(req)
         return RequestHandle(self, req)
 
     def cancel(self, request) -> None:
-        """End a queued or running request now (its ``RequestHandle`` or id): its slot and pages are free when
-        this returns (the row is marked done and its table row moved to the dummy page before any later round
-        runs). Cancelling a finished request does nothing."""
-        request_id = request.request_id if isinstance(request, RequestHandle) else request
-        req = self.requests.get(request_id) if isinstance(request_id, str) else None
+        """End a queued or running request now (its ``RequestHandle`` or the id of an unfinished request): its
+        slot and pages are free when this returns (the row is marked done and its table row moved to the dummy
+        page before any later round runs). Cancelling a finished request's handle does nothing; the id of a
+        finished request is no longer known (``ValueError``, as for any unknown id)."""
+        if isinstance(request, RequestHandle) and request._core is self:
+            req = request._req
+        else:
+            req = self.requests.get(request) if isinstance(request, str) else None
         if req is None:
-            raise ValueError(f"request: no request {request!r}")
+            raise ValueError(f"request: no unfinished request {request!r}")
         if req.status == "finished":
             return
         if req.status == "waiting":
             self.scheduler.waiting.remove(req)
-        else:
-            slot = req.slot
-            self._finish(req, "abort")
-            stop = np.zeros((self.num_slots,), bool)
-            stop[slot] = True
-            self._refresh(stop)
+            req.status, req.finish_reason = "finished", "abort"
+            del self.requests[req.request_id]
             return
-        req.status, req.finish_reason = "finished", "abort"
+        slot = req.slot
+        self._finish(req, "abort")
+        stop = np.zeros((self.num_slots,), bool)
+        stop[slot] = True
+        self._refresh(stop)
 
     def _finish(self, req: Request, reason: str) -> None:
         self.scheduler.release(req)
         self._dirty[req.slot] = (0, [0] * self.max_pages)  # the whole row back to the dummy page
         req.status, req.finish_reason, req.slot = "finished", reason, None
+        del self.requests[req.request_id]  # its handle (and the step's output) carry what is left of it
 
     def has_unfinished(self) -> bool:
         return bool(self.scheduler.waiting or self.scheduler.running)
@@ -595,7 +608,8 @@ class ServingEngine:
             self._rounds += int(rounds[slot]) - req.rounds
             self._accepted += int(acc[slot]) - req.accepted
             req.rounds, req.accepted = int(rounds[slot]), int(acc[slot])
-            stop = next((k for k, t in enumerate(new) if t in req.stop_token_ids), None)
+            first = max(0, req.min_tokens - len(req.output))  # stop ids count from output position min_tokens
+            stop = next((k for k, t in enumerate(new) if k >= first and t in req.stop_token_ids), None)
             if stop is not None:
                 new = new[: stop + 1]
             req.output.extend(new)

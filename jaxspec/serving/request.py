@@ -3,23 +3,37 @@
 request) and ``ServingStats`` (counters of the core)."""
 
 import dataclasses
+import math
+import numbers
 from typing import NamedTuple
+
+INT32_MAX = 2**31 - 1
+FLOAT32_MAX = 3.4028234663852886e38  # the largest finite float32: a larger temperature would overflow to inf
 
 
 def _is_int(x) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool) and type(x).__name__ != "bool_"
+
+
+def _is_real(x) -> bool:
+    return isinstance(x, numbers.Real) and not isinstance(x, bool) and type(x).__name__ != "bool_"
 
 
 @dataclasses.dataclass(frozen=True)
 class RequestParams:
     """Per-request parameters of ``ServingEngine.submit``.
 
-    max_new_tokens: most tokens to generate (int >= 1; the prompt plus these must fit the engine's context).
+    max_new_tokens: most tokens to generate (an int in [1, 2**31); the prompt plus these must fit the engine's
+      context).
     temperature / top_k / top_p / seed: sampling as in ``Engine.prepare`` (temperature 0 = greedy; anything
-      else needs a ``sampling=True`` core); checked when the request is submitted.
+      else needs a ``sampling=True`` core): temperature a finite float32 >= 0, top_k None / -1 (off) or an int
+      >= 1 (at most the vocabulary, checked at submit), top_p in (0, 1], seed an int in [0, 2**31).
     stop_token_ids: token ids that end the request (finish reason ``"stop"``, the stop token kept as the last
       output token), on top of the engine's ``eos_id``. They are matched on the host after each step: the
       device may decode a few more tokens in that step, which are dropped.
+    min_tokens: a stop token at output position ``i < min_tokens`` does not end the request (it stays in the
+      output and decoding goes on; an int in [0, max_new_tokens]). Only for engines without a device ``eos_id``
+      (``submit`` refuses it otherwise).
     """
 
     max_new_tokens: int = 16
@@ -28,15 +42,29 @@ class RequestParams:
     top_p: float = 1.0
     seed: int = 0
     stop_token_ids: tuple = ()
+    min_tokens: int = 0
 
     def __post_init__(self):
-        if not _is_int(self.max_new_tokens) or self.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens: expected an int >= 1, got {self.max_new_tokens!r}")
+        if not _is_int(self.max_new_tokens) or not 1 <= self.max_new_tokens <= INT32_MAX:
+            raise ValueError(f"max_new_tokens: expected an int in [1, 2**31), got {self.max_new_tokens!r}")
+        t = self.temperature
+        if not _is_real(t) or not math.isfinite(t) or not 0 <= t <= FLOAT32_MAX:
+            raise ValueError(f"temperature: expected a finite number in [0, {FLOAT32_MAX:.8g}] (float32), got {t!r}")
+        if self.top_k is not None and (not _is_int(self.top_k) or not (self.top_k == -1 or 1 <= self.top_k
+                                                                         <= INT32_MAX)):
+            raise ValueError(f"top_k: expected None, -1 (off) or an int >= 1, got {self.top_k!r}")
+        if not _is_real(self.top_p) or not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p: expected a number in (0, 1], got {self.top_p!r}")
+        if not _is_int(self.seed) or not 0 <= self.seed <= INT32_MAX:
+            raise ValueError(f"seed: expected an int in [0, 2**31), got {self.seed!r}")
+        if not _is_int(self.min_tokens) or not 0 <= self.min_tokens <= self.max_new_tokens:
+            raise ValueError(f"min_tokens: expected an int in [0, max_new_tokens={self.max_new_tokens}], got "
+                             f"{self.min_tokens!r}")
         ids = self.stop_token_ids
         if isinstance(ids, (str, bytes)) or not hasattr(ids, "__iter__"):
             raise ValueError(f"stop_token_ids: expected a sequence of token ids, got {ids!r}")
         ids = tuple(ids)
-        if not all(_is_int(i) and i >= 0 for i in ids):
+        if not all(_is_int(i) and 0 <= i <= INT32_MAX for i in ids):
             raise ValueError(f"stop_token_ids: expected ints >= 0, got {ids!r}")
         object.__setattr__(self, "stop_token_ids", ids)
 
