@@ -24,19 +24,22 @@ from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import urlparse
 
 import numpy as np
-import openai
 import pytest
-from tokenizers import AddedToken
-from tokenizers import Tokenizer as Backend
 
-from jaxspec.engine import Engine
-from jaxspec.models import DEFAULT_WEIGHTS, load_pair
-from jaxspec.serve import ServerThread, build_app, cli
-from jaxspec.serve import app as app_module
-from jaxspec.serve import driver as driver_module
-from jaxspec.serving import RequestParams, ServingEngine
-from jaxspec.serving.core import Request
-from jaxspec.text import Tokenizer
+openai = pytest.importorskip("openai")
+pytest.importorskip("aiohttp")
+
+from tokenizers import AddedToken  # noqa: E402
+from tokenizers import Tokenizer as Backend  # noqa: E402
+
+from jaxspec.engine import Engine  # noqa: E402
+from jaxspec.models import DEFAULT_WEIGHTS, load_pair  # noqa: E402
+from jaxspec.serve import ServerThread, build_app, cli  # noqa: E402
+from jaxspec.serve import app as app_module  # noqa: E402
+from jaxspec.serve import driver as driver_module  # noqa: E402
+from jaxspec.serving import RequestParams, ServingEngine  # noqa: E402
+from jaxspec.serving.core import Request  # noqa: E402
+from jaxspec.text import Tokenizer  # noqa: E402
 
 MODEL = "tiny-pair"
 W, SLOTS, ROUNDS = 128, 4, 4
