@@ -1,9 +1,10 @@
 """The cost of a Q-row target forward against a 1-row one on XLA:CPU, for a real checkpoint at batch 1.
 
-``python bench/cpu_forward_probe.py [--model smollm2-135m-instruct] [--rows 1,2,4,6] [--prefix 160] [--repeats 15]
-[--dtype float32|bfloat16] [--parts]``
+``python bench/cpu_forward_probe.py [--model smollm2-135m-instruct|random] [--rows 1,2,4,6] [--prefix 160]
+[--repeats 15] [--dtype float32|bfloat16] [--parts]``
 
-Loads the target (a named model is fetched into the user cache), builds a paged cache whose committed prefix is
+Loads the target (a named model is fetched into the user cache; ``random``: random weights at SmolLM2-135M's
+shape, ``RANDOM_SMOLLM2``, which is all a timing needs), builds a paged cache whose committed prefix is
 ``--prefix`` tokens, and times the jitted ``forward`` over ``Q`` fresh rows (causal ``qmask``, K/V written past the
 prefix) for each ``Q`` in ``--rows``: one compile call each, then ``--repeats`` timed calls interleaved across the row
 counts; each row count's FASTEST call is its cost (on a shared CPU other processes only ever add time), the median
@@ -21,10 +22,15 @@ import time
 
 import _cli
 
+# SmolLM2-135M-Instruct's shape (its config.json), for ``--model random``.
+RANDOM_SMOLLM2 = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                      num_attention_heads=9, num_key_value_heads=3, head_dim=64, rms_norm_eps=1e-5,
+                      rope_theta=100000.0, tie_word_embeddings=True)
+
 
 def _parse(argv=None):
     ap = _cli.parser("cpu_forward_probe.py", __doc__)
-    ap.add_argument("--model", default="smollm2-135m-instruct", help="a named model, .gguf file or HF directory")
+    ap.add_argument("--model", default="smollm2-135m-instruct", help="a named model, .gguf file, HF directory or 'random'")
     ap.add_argument("--rows", default="1,2,4,6", help="comma list of fresh-row counts Q")
     ap.add_argument("--prefix", type=int, default=160, help="committed tokens attended to (default: %(default)s)")
     ap.add_argument("--repeats", type=int, default=15, help="timed calls per row count (default: %(default)s)")
@@ -42,15 +48,19 @@ def main(argv=None):
     import numpy as np
     from flax import nnx
 
-    from jaxspec.models import fetch_model, load_model, make_req_to_token
+    from jaxspec.models import Decoder, DecoderConfig, fetch_model, load_model, make_req_to_token
     from jaxspec.models.fetch import MODELS
     from jaxspec.pipeline import causal_qmask
     from jaxspec.protocols import AttentionMetadata, page_table_from_req_to_token
 
-    path = str(fetch_model(args.model, quiet=True)) if args.model in MODELS else args.model
     dtype = jnp.dtype(args.dtype)
     t0 = time.perf_counter()
-    model = load_model(path, param_dtype=dtype)
+    if args.model == "random":
+        path = "random-smollm2-135m"
+        model = Decoder(DecoderConfig(**RANDOM_SMOLLM2), rngs=nnx.Rngs(0), param_dtype=dtype)
+    else:
+        path = str(fetch_model(args.model, quiet=True)) if args.model in MODELS else args.model
+        model = load_model(path, param_dtype=dtype)
     load_s = time.perf_counter() - t0
     rows = [int(r) for r in args.rows.split(",")]
     g, width = 16, -(-(args.prefix + max(rows) + 1) // 16) * 16
