@@ -64,3 +64,22 @@ def test_tied_verify_forward_matches_one_row_forwards():
     ones = jnp.stack(ones, 1)
     np.testing.assert_allclose(many, ones, rtol=1e-4, atol=1e-4)
     np.testing.assert_array_equal(jnp.argmax(many, -1), jnp.argmax(ones, -1))
+
+
+@pytest.mark.parametrize("topk, num_draft", [(1, 4), (2, 6)], ids=["chain", "tree"])
+def test_tied_greedy_speculation_equals_plain(topk, num_draft):
+    """A tied target at batch 1: plain decoding runs one-row forwards (the dot head), speculation 4- and 6-row
+    verify forwards (the reduce head); greedy outputs are equal token for token."""
+    from jaxspec.config import SpecConfig
+    from jaxspec.engine import Engine
+    from jaxspec.models import MTPDrafter, MTPModel, num_pages_needed
+
+    cfg = DecoderConfig(**{**CFG.__dict__, "num_nextn_predict_layers": 3})
+    model = MTPModel(cfg, rngs=nnx.Rngs(11), kv_dtype=jnp.float32)
+    prompt = [np.random.default_rng(2).integers(0, cfg.vocab_size, 7).tolist()]
+    kw = dict(max_context=48, page_size=4, num_pages=num_pages_needed(1, 48, 4))
+    plain = Engine(model, None, spec=None, **kw).generate(prompt, 20)
+    spec = SpecConfig(num_steps=3, topk=topk, num_draft_tokens=num_draft)
+    out = Engine(model, MTPDrafter(model), spec=spec, **kw).generate(prompt, 20)
+    assert len(plain.tokens[0]) == 20
+    np.testing.assert_array_equal(out.tokens[0], plain.tokens[0])
