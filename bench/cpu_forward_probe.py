@@ -8,8 +8,8 @@ shape, ``RANDOM_SMOLLM2``, which is all a timing needs), builds a paged cache wh
 ``--prefix`` tokens, and times the jitted ``forward`` over ``Q`` fresh rows (causal ``qmask``, K/V written past the
 prefix) for each ``Q`` in ``--rows``: one compile call each, then ``--repeats`` timed calls interleaved across the row
 counts; each row count's FASTEST call is its cost (on a shared CPU other processes only ever add time), the median
-is printed beside it. ``--parts`` also times the shared LM head product ``[Q, D] x [D, V]`` and one decoder layer's
-matmuls alone. Run it once per ``XLA_FLAGS`` setting (the flags are read when JAX starts its CPU backend)::
+and the ratio of medians are printed beside it. ``--parts`` also times the LM head product alone (as
+``Decoder.logits`` computes it) and one decoder layer's matmuls alone. Run it once per ``XLA_FLAGS`` setting (the flags are read when JAX starts its CPU backend)::
 
     XLA_FLAGS="--xla_cpu_experimental_ynn_fusion_type=" .venv/bin/python bench/cpu_forward_probe.py
 
@@ -49,6 +49,7 @@ def main(argv=None):
     from flax import nnx
 
     from jaxspec.models import Decoder, DecoderConfig, fetch_model, load_model, make_req_to_token
+    from jaxspec.models.decoder import tied_head
     from jaxspec.models.fetch import MODELS
     from jaxspec.pipeline import causal_qmask
     from jaxspec.protocols import AttentionMetadata, page_table_from_req_to_token
@@ -98,15 +99,18 @@ def main(argv=None):
            "forward_ms": {q: round(1e3 * best[q], 2) for q in rows},
            "median_ms": {q: round(1e3 * float(np.median(times[q])), 2) for q in rows},
            "over_1row": {q: round(best[q] / best[rows[0]], 3) for q in rows},
+           "median_over_1row": {q: round(float(np.median(times[q]) / np.median(times[rows[0]])), 3) for q in rows},
            "compile_s": {q: round(compile_s[q], 1) for q in rows}}
     if args.parts:
         c = model.cfg
-        w_head = model.embed_tokens[...] if model.lm_head is None else model.lm_head.kernel[...].T
+        w_head = model.embed_tokens[...] if model.lm_head is None else model.lm_head.kernel[...]
         layer = model.layers[0]
         ws = [layer.self_attn.qkv_proj.kernel[...], layer.self_attn.o_proj.kernel[...],
               layer.mlp.gate_up_proj.kernel[...], layer.mlp.down_proj.kernel[...]]
         prec = jax.lax.Precision.HIGHEST
-        head = jax.jit(lambda x, w: jnp.einsum("qd,vd->qv", x, w, precision=prec, preferred_element_type=jnp.float32))
+        # the head as Decoder.logits computes it (tied: decoder.tied_head; else the lm_head Linear's product)
+        head = jax.jit(tied_head if model.lm_head is None else
+                       lambda x, w: jnp.dot(x, w, precision=prec, preferred_element_type=jnp.float32))
         mats = jax.jit(lambda x, ws: [jnp.dot(x[:, : w.shape[0]] if x.shape[1] >= w.shape[0] else
                                               jnp.tile(x, (1, -(-w.shape[0] // x.shape[1])))[:, : w.shape[0]], w,
                                               precision=prec, preferred_element_type=jnp.float32) for w in ws])
@@ -126,7 +130,8 @@ def main(argv=None):
         res["parts_ms"] = {k: {q: round(1e3 * min(v[q]), 2) for q in rows} for k, v in part.items()}
     for q in rows:
         print(f"Q={q}: forward {res['forward_ms'][q]:.1f} ms (median {res['median_ms'][q]:.1f}) = "
-              f"{res['over_1row'][q]:.2f} one-row forwards; compile {res['compile_s'][q]:.1f} s")
+              f"{res['over_1row'][q]:.2f} one-row forwards (medians: {res['median_over_1row'][q]:.2f}); "
+              f"compile {res['compile_s'][q]:.1f} s")
     print(json.dumps(res))
     if args.json:
         with open(args.json, "w") as f:
