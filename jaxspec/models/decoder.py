@@ -90,12 +90,13 @@ def tied_head(x, w):
     """``x [..., D] . w [V, D]`` over ``D`` -> ``f32[..., V]``: the tied LM head (``w`` the embedding table).
 
     One row, and any row count off XLA:CPU or for 16-bit weights: one dot. On XLA:CPU with f32 weights and 2 to 32
-    rows (a verify forward's window): ``sum(w[:, None, :] * x[None, :, :], -1)``, which XLA fuses into one loop
-    that reads each row of ``w`` once and reduces it against every row of ``x`` while it sits in L1. XLA:CPU
-    hands a multi-row f32 dot to YNNPACK, whose GEMM against a ``[V, D]`` (transposed) operand streams the
-    49152 x 576 table at about a third of the one-row GEMV's rate: SmolLM2-135M's head at 4 rows cost 2.3-2.4
-    one-row heads that way, 1.2-1.3 this way (2-core AMD EPYC, jaxlib 0.10). Both sum the same f32 products in
-    float32 (in a different order than the dot)."""
+    rows (a verify forward's window): ``sum(w[:, None, :] * x[None, :, :], -1)``, which XLA:CPU compiles into
+    one fused multiply-reduce (no ``[V, rows, D]`` product is materialized) that reads each row of ``w`` once
+    against every row of ``x``. XLA:CPU hands a multi-row f32 dot to YNNPACK, whose GEMM against a ``[V, D]``
+    (transposed) operand streams the table at about a third of the one-row GEMV's rate: SmolLM2-135M's 49152 x
+    576 head at 4 rows cost 2.3-2.4 one-row heads as a dot, about 1.3 this way, and stays ahead up to 32 rows
+    (2-core AMD EPYC, jaxlib 0.10; docs/cpu_verify_forward.md). Both sum the same f32 products in float32, in a
+    different order (logits agree to float32 rounding, not bit for bit)."""
     lead, d = x.shape[:-1], x.shape[-1]
     rows = int(np.prod(lead, dtype=np.int64))
     lo, hi = CPU_REDUCE_HEAD_ROWS
