@@ -82,6 +82,30 @@ def _dot16(x, w):
     return y.reshape(*lead, w.shape[1])
 
 
+# Row counts for which ``tied_head`` computes the product as a fused multiply-reduce on XLA:CPU (below).
+CPU_REDUCE_HEAD_ROWS = (2, 32)
+
+
+def tied_head(x, w):
+    """``x [..., D] . w [V, D]`` over ``D`` -> ``f32[..., V]``: the tied LM head (``w`` the embedding table).
+
+    One row, and any row count off XLA:CPU or for 16-bit weights: one dot. On XLA:CPU with f32 weights and 2 to 32
+    rows (a verify forward's window): ``sum(w[:, None, :] * x[None, :, :], -1)``, which XLA:CPU compiles into
+    one fused multiply-reduce (no ``[V, rows, D]`` product is materialized) that reads each row of ``w`` once
+    against every row of ``x``. XLA:CPU hands a multi-row f32 dot to YNNPACK, whose GEMM against a ``[V, D]``
+    (transposed) operand streams the table at about a third of the one-row GEMV's rate: SmolLM2-135M's 49152 x
+    576 head at 4 rows cost 2.3-2.4 one-row heads as a dot, about 1.3 this way, and stays ahead up to 32 rows
+    (2-core AMD EPYC, jaxlib 0.10; docs/cpu_verify_forward.md). Both sum the same f32 products in float32, in a
+    different order (logits agree to float32 rounding, not bit for bit)."""
+    lead, d = x.shape[:-1], x.shape[-1]
+    rows = int(np.prod(lead, dtype=np.int64))
+    lo, hi = CPU_REDUCE_HEAD_ROWS
+    if w.dtype == _F32 and lo <= rows <= hi and jax.default_backend() == "cpu":
+        x2 = x.astype(_F32).reshape(rows, d)
+        return jnp.sum(w[:, None, :] * x2[None, :, :], axis=-1).T.reshape(*lead, w.shape[0])
+    return jnp.einsum("...d,vd->...v", x.astype(w.dtype), w, precision=PREC, preferred_element_type=_F32)
+
+
 class RMSNorm(nnx.Module):
     def __init__(self, dim: int, eps: float, dtype):
         self.weight = nnx.Param(jnp.ones((dim,), dtype))
@@ -272,8 +296,7 @@ class Decoder(nnx.Module):
         x = self.norm(h)
         if self.lm_head is not None:
             return self.lm_head(x)
-        w = self.embed_tokens[...]
-        return jnp.einsum("...d,vd->...v", x.astype(w.dtype), w, precision=PREC, preferred_element_type=_F32)
+        return tied_head(x, self.embed_tokens[...])
 
     def forward(self, tokens, meta: AttentionMetadata, cache: PagedKVCache | None):
         """``tokens i32[B, Q]`` -> ``(logits f32[B, Q, V], hidden f32[B, Q, F], cache)``.
