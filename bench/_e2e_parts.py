@@ -234,7 +234,7 @@ def pair_accept_histogram(spec, prompts: int = 8, max_new: int = 64) -> dict:
     """Accept-length histogram of the shipped tiny pair (greedy, ``Engine.run_step`` round by round; a head
     with ``num_draft_steps = max(3, S)``: steps past its 3 trained layers reuse layer 3's weights). Each of
     the ``prompts`` corpus prompts runs as its own batch-1 request: one small executable (the tree step's CPU
-    compile grew from about 1 min at batch 1 to over 20 min at batch 8 on a shared 2-core host), and a
+    compile grew from about 1 min at batch 1 to over 20 min at batch 8 on a 2-core CPU), and a
     request's greedy accept lengths do not depend on its batch."""
     import jax.numpy as jnp
     import numpy as np

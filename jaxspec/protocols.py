@@ -1,7 +1,7 @@
 """Contracts between the decoding loop and the models it drives.
 
 Shared types (``PagedKVCache``, ``AttentionMetadata``) and the ``TargetModel`` / ``Drafter`` protocols.
-This module sits *below* ``jaxspec.models`` and ``jaxspec.engine`` (architecture.md): both import it, it
+This module sits *below* ``jaxspec.models`` and ``jaxspec.engine``: both import it, it
 imports neither, so a serving stack can implement the protocols without importing any jaxspec model.
 
 Letters: ``B`` batch rows, ``Q`` fresh tokens per row in one forward, ``L`` layers, ``X`` KV pool slots,
@@ -192,7 +192,7 @@ class MTPHead(Protocol):
 
 @runtime_checkable
 class Drafter(Protocol):
-    """Proposes draft tokens each round (the roles of the seed ``mtp_worker_v2.py``).
+    """Proposes draft tokens each round (the role of SGLang's draft workers, e.g. ``multi_layer_eagle_worker_v2.py``).
 
     The drafter owns its state (its KV cache, the pending proposal): a pytree the engine carries in
     ``DecodeState.draft`` and passes back; plain decoding has no drafter and no draft state. The drafter

@@ -4,7 +4,7 @@
 (``TINY_PAIR_CONFIG``, the shipped ``jaxspec/assets/tiny_pair``: target / MTP top-1 accuracy 0.92 /
 0.93-0.94): ~70 s on one H200; on CPU use e.g. ``--steps 600 --batch 32`` (a few minutes). ``--config demo``
 (``DEMO_PAIR_CONFIG``, 24 layers 32 wide, the shipped ``jaxspec/assets/demo_pair``: accuracy 0.92 / 0.93-0.94):
-the shipped one is ``--config demo --steps 2500 --batch 32``, 1545 s on this repo's shared 2-core CPU (a few
+the shipped one is ``--config demo --steps 2500 --batch 32``, 1545 s on a 2-core CPU (a few
 minutes on one H200). ``DIR`` gets
 ``config.json`` + ``model.safetensors`` (``jaxspec.models.checkpoint``'s layout, float32: the loaded model is
 exactly the trained one); load it with ``jaxspec.models.load_pair(DIR)`` or ``python -m jaxspec.demo

@@ -1,4 +1,5 @@
-"""Every ```python block of README.md runs as written, each on its own (fresh namespace, no shared imports).
+"""Every ```python block of README.md and of the guides in docs/ runs as written, each on its own (fresh namespace,
+no shared imports).
 
 A block whose fence is preceded by the line ``<!-- test: slow -->`` (one that downloads a model) runs only with
 ``--runslow`` / ``JAXSPEC_SLOW=1``; every other block runs in the default suite, offline.
@@ -25,6 +26,7 @@ import urllib.request
 import pytest
 
 README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
+PAGES = [README, *sorted((README.parent / "docs").glob("*.md"))]  # the README and the guides it links to
 SLOW_MARK = "<!-- test: slow -->"
 _BLOCK = re.compile(r"^(?:<!-- test: ([a-z-]+) -->\n)?```python\n(.*?)^```", re.S | re.M)
 _MARKED = re.compile(r"^<!-- test: ([a-z-]+) -->\n```[a-z]*\n(.*?)^```", re.S | re.M)
@@ -32,45 +34,49 @@ ROOT = README.parent
 _NEEDS_NETWORK = re.compile(r"load_chat_model\(|fetch_model\(|jaxspec\.models\.fetch")
 
 
-def _blocks() -> list[tuple[bool, str]]:
-    """(marked slow, code) for every python block, in order."""
-    return [(mark == "slow", code) for mark, code in _BLOCK.findall(README.read_text())
+def _blocks(page: pathlib.Path = None) -> list[tuple[bool, str]]:
+    """(marked slow, code) for every python block of ``page`` (default: every page), in order."""
+    pages = PAGES if page is None else [page]
+    return [(mark == "slow", code) for p in pages for mark, code in _BLOCK.findall(p.read_text())
             if not mark.startswith("server")]
 
 
 def _params():
-    return [pytest.param(code, id=f"block{i}", marks=[pytest.mark.slow] if slow else [])
-            for i, (slow, code) in enumerate(_blocks())]
+    return [pytest.param(code, id=f"{p.stem}-block{i}", marks=[pytest.mark.slow] if slow else [])
+            for p in PAGES for i, (slow, code) in enumerate(_blocks(p))]
 
 
 def test_readme_has_python_blocks():
-    assert len(_blocks()) >= 2, "README.md should show the pipeline and bring-your-own-model in code"
+    assert len(_blocks(README)) >= 2, "README.md should show the pipeline and bring-your-own-model in code"
 
 
-def test_slow_marks_sit_on_python_fences():
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_slow_marks_sit_on_python_fences(page):
     """Each slow mark is the line right before a python fence (a mark anywhere else would mark nothing)."""
-    text = README.read_text()
-    assert text.count(SLOW_MARK) == sum(slow for slow, _ in _blocks()), \
-        f"README.md: every '{SLOW_MARK}' must be the line right before a ```python fence"
+    assert page.read_text().count(SLOW_MARK) == sum(slow for slow, _ in _blocks(page)), \
+        f"{page.name}: every '{SLOW_MARK}' must be the line right before a ```python fence"
 
 
 def test_blocks_that_download_are_marked_slow():
     """The default suite stays offline: a block that fetches a named model carries the slow mark."""
-    unmarked = [i for i, (slow, code) in enumerate(_blocks()) if not slow and _NEEDS_NETWORK.search(code)]
-    assert not unmarked, f"README.md python blocks {unmarked} fetch a model; put '{SLOW_MARK}' before their fence"
+    unmarked = [f"{p.name} block {i}" for p in PAGES for i, (slow, code) in enumerate(_blocks(p))
+                if not slow and _NEEDS_NETWORK.search(code)]
+    assert not unmarked, f"{unmarked} fetch a model; put '{SLOW_MARK}' before their fence"
 
 
 @pytest.mark.parametrize("code", _params())
 def test_readme_block_runs(code, request):
     name = request.node.callspec.id
-    exec(compile(code, f"README.md {name}", "exec"), {"__name__": f"readme_{name}"})
+    exec(compile(code, f"{name}.md", "exec"), {"__name__": f"readme_{name.replace('-', '_')}"})
 
 
 # ------------------------------------------------------------------------------------------------ the server
 def _marked(name: str) -> str:
-    blocks = dict(_MARKED.findall(README.read_text()))
-    assert name in blocks, f"README.md: no fenced block after '<!-- test: {name} -->'"
-    return blocks[name]
+    """The one block of all pages marked ``<!-- test: name -->``."""
+    found = [code for p in PAGES for mark, code in _MARKED.findall(p.read_text()) if mark == name]
+    assert len(found) == 1, f"expected one fenced block after '<!-- test: {name} -->' in README.md and docs/, " \
+                            f"found {len(found)}"
+    return found[0]
 
 
 def _commands() -> list[str]:
@@ -85,7 +91,7 @@ def _is_tiny(cmd: str) -> bool:
 
 def _cmd_params():
     cmds = _commands()
-    assert sum(map(_is_tiny, cmds)) == 1, "README.md's server block: one command on the tiny pair (offline)"
+    assert sum(map(_is_tiny, cmds)) == 1, "the server block: one command on the tiny pair (offline)"
     return [pytest.param(c, id="tiny" if _is_tiny(c) else f"cmd{i}", marks=[] if _is_tiny(c) else [pytest.mark.slow])
             for i, c in enumerate(cmds)]
 

@@ -23,7 +23,7 @@ mass), on a quarter of the samples.
 Samples: ``SAMPLES`` per config over the three settings (default 26 * 4096 = 106496, ~35.5k per setting;
 ``JAXSPEC_SAMPLING_SAMPLES`` overrides). The engine tests are compute- and compile-bound on CPU (each config
 compiles once, ~1 min with the B=4096 constant folding of the prefill attention, then ~1-3 ms per request
-on this shared 2-core machine): measured 96-350 s per config, 11 min for the file under load, so they are
+on a 2-core CPU): measured 96-350 s per config, 11 min for the file under load, so they are
 marked slow; the op-level test at the end is fast (~10 s). Measured (106496 samples): chain p=0.555
 (chi2 140.0, df 143), tree p=0.484 (143.0 / 143), chain draft_probs p=0.764 (130.5 / 143); biased
 verifier p=0 (chi2 ~2e6, df 95, on 28672 samples).

@@ -1,7 +1,7 @@
 """SGLang 0.5.23's JIT CUDA speculative kernels, compiled at run time from the published sources. GPU only.
 
-Mirrors what ``sglang/kernels/ops/speculative/{tree,sampling}.py`` do through ``load_jit`` (see
-platform.md, "SGLang's CUDA spec kernels on the H200"), without importing sglang:
+Mirrors what ``sglang/kernels/ops/speculative/{tree,sampling}.py`` do through ``load_jit``, without
+importing sglang:
 
 1. write a ``cuda.cu`` that includes tvm-ffi's headers and the kernel's ``.cuh`` and exports the entry
    points with ``TVM_FFI_DLL_EXPORT_TYPED_FUNC`` inside ``namespace sglang`` (as load_jit's generated

@@ -1,6 +1,6 @@
 """torch <-> JAX exchange through DLPack, with the boundary rules the interop layer relies on.
 
-Rules (measured on the CPU box and the H200, see platform.md "DLPack torch <-> JAX"):
+Rules (measured with torch 2.13 CPU / jax 0.10.2 and torch 2.11 CUDA / jax 0.11.2 on an H200):
 
 * **Copy by default.** ``to_jax(t)`` and ``to_torch(x)`` return arrays that share no memory with their
   input. Aliasing across the boundary is undefined in both directions: JAX writes never flow back into

@@ -27,7 +27,7 @@ source text (``ast``), without their ``@torch.compile`` decorator (a speed-only 
 CPU: when no CUDA device is visible and ``TRITON_INTERPRET`` is unset, it is set to ``1`` before the
 first kernel file executes (``@triton.jit`` picks the interpreter at decoration time). Callers use the
 raw ``@triton.jit`` kernels or the Triton host functions: the ``*_func`` dispatchers misbehave off CUDA
-(see platform.md).
+(``assign_extend_cache_locs_func`` returns None, ``verify_tree_greedy_func`` does nothing).
 
 torch and triton are imported lazily, so ``import jaxspec.interop.originals`` (e.g. by ``fetch``) is
 cheap; ``load_*`` needs both.

@@ -1,17 +1,17 @@
-"""``MTPDrafter``: the ``Drafter`` that drives a model's multi-token-prediction layers (seed ``mtp_worker_v2.py``).
+"""``MTPDrafter``: the ``Drafter`` that drives a model's multi-token-prediction layers (SGLang's ``multi_layer_eagle_worker_v2.py``).
 
 Works with any ``jaxspec.protocols.MTPHead`` (``mtp_forward``, ``num_draft_steps``, ``make_draft_cache``).
-Draft steps are chained as in DeepSeek-V3 (step ``s`` consumes step ``s-1``'s hidden state; the seed's
+Draft steps are chained as in DeepSeek-V3 (step ``s`` consumes step ``s-1``'s hidden state; SGLang's
 ``chain_mtp_hidden_states``); each step is one ``mtp_forward`` of the head (its own MTP layer, or a reused
 one when the head has fewer weight layers than steps) with its own draft KV layer.
 
 Draft extend (after prefill and after every verify): draft steps ``0..S-1`` run over the window (the
 prompt, or the N-row verify window with the accepted path compacted to the front), each feeding the next
 its hidden state; after layer ``s`` the input ids are rotated left by one with that layer's prediction
-written at ``select`` = the last real row (``rotate_input_ids``). This is the seed's eager path (fixed
+written at ``select`` = the last real row (``rotate_input_ids``). This is SGLang's eager path (fixed
 window, one ``select_index``): rows past ``select - s`` of layer ``s`` are fed a drafted (not yet verified)
 token, so the draft KV of the last ``s`` committed positions of layer ``s`` is computed from a guess and
-kept. The seed's CUDA-graph "KV-cache reversion" (``assign_hidden_states_pool``) re-runs those rows; it is
+kept. SGLang's CUDA-graph "KV-cache reversion" (``assign_hidden_states_pool``) re-runs those rows; it is
 not ported: it only affects draft quality, never the output (verify is exact). A non-final chunk of a chunked
 prefill (``engine.step.prefill_chunk``) has the real next tokens: ``extend_after_prefill(lookahead=)`` writes
 them at ``select`` instead of the predictions (``prefill_lookahead(spec) = S`` tokens past the chunk), so the
@@ -148,7 +148,7 @@ class MTPDrafter:
 
     # ---------------------------------------------------------------- jitted
     def _extend(self, spec, cache, ids, h, meta, starts, lens, select, sampling=None, feed=None) -> MTPDraftState:
-        """Draft steps 0..S-1 over ``ids/h (B, Q)`` with the seed's rotations; returns the new state. ``feed``
+        """Draft steps 0..S-1 over ``ids/h (B, Q)`` with SGLang's rotations; returns the new state. ``feed``
         (``i32[B, >= S-1]``): the tokens the rotation after step ``s`` writes at ``select`` (``feed[:, s]``)
         instead of step ``s``'s prediction."""
         if sampling is not None and not self.sample_drafts:

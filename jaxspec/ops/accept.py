@@ -49,7 +49,7 @@ class EagleSampleOutput(NamedTuple):
 def make_coins(key: Array, batch: int, num_draft_tokens: int) -> tuple[Float[Array, "B N"], Float[Array, "B"]]:
     """``(uniform_samples (B, N), uniform_samples_for_final_sampling (B,))`` float32 coins in ``[0, 1)``.
 
-    The JAX counterpart of upstream's ``torch.rand`` coins (the seeded murmur-hash path is not ported).
+    The JAX counterpart of upstream's ``torch.rand`` coins (its murmur-hash path with per-request seeds is not ported).
     Jittable with static ``batch`` / ``num_draft_tokens``.
     """
     k_nodes, k_final = jax.random.split(key)
