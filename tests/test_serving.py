@@ -235,9 +235,14 @@ def test_steady_state_compiles_nothing(spec):
     aborts = ((3, 12), (17, 30), (25, 33))
     for _, prompt, max_new in schedule:
         _solo(prompt, max_new)  # the references compile on their own
-    se.warmup()
+    calls = []
+    se.warmup(progress=lambda done, total, what: calls.append((done, total, what)))
     eng = se.engine
     assert se.slot_buckets == [1, 2, 4] and se.chunk_buckets == [8, 16]
+    # the progress line: one call before each executable (2 prefills per chunk bucket, a decode per slot bucket)
+    assert calls == [(0, 7, "prefill chunk 8"), (1, 7, "last chunk 8"), (2, 7, "prefill chunk 16"),
+                     (3, 7, "last chunk 16"), (4, 7, "decode 1 slots"), (5, 7, "decode 2 slots"),
+                     (6, 7, "decode 4 slots"), (7, 7, "done")]
     buckets = []
     decode = se._decode
     se._decode = lambda b: buckets.append(b) or decode(b)

@@ -463,29 +463,43 @@ class ServingEngine:
             cost = jax.device_put((self._bucket_costs[bucket] + self.step_costs.overhead).astype(np.float32))
         self._state = self._call(fn, eng.params, self._state, jax.device_put(np.int32(self.rounds_per_step)), cost)
 
-    def warmup(self) -> None:
+    def warmup(self, progress=None) -> None:
         """Compile every executable a step can run (the table refresh, both prefills of every chunk bucket, the
         decode of every slot bucket), so that no later step compiles; only on an idle core (nothing queued or
         running: ``RuntimeError`` else). It runs them on a free slot whose table row is on the dummy page, and the
-        decode for zero rounds: nothing observable changes."""
+        decode for zero rounds: nothing observable changes.
+
+        Args:
+          progress: ``None``, or ``progress(done, total, what)`` called before each executable (``done`` of
+            ``total`` compiled so far, ``what`` names the next one, e.g. ``"prefill chunk 64"``) and once at the
+            end with ``done == total``: a caller's progress line.
+        """
         if self.has_unfinished():
             raise RuntimeError("warmup: the core has requests (warm it up before submitting any)")
+        report = progress or (lambda done, total, what: None)
+        total = 2 * len(self.chunk_buckets) + len(self.slot_buckets)
+        done = 0
         self._refresh(np.zeros((self.num_slots,), bool))  # the pending row resets too: every row on the dummy page
         eng = self.engine
         sampling = check_sampling(1, eng.vocab_size, 0.0, None, 1.0, 0)
         following = np.zeros((1, self.lookahead), np.int32)
         for p in self.chunk_buckets:
             for final in (False, True):  # a final chunk of max_new 1 leaves its row done
+                report(done, total, f"{'last' if final else 'prefill'} chunk {p}")
                 fn = _chunk_fn(eng.graphdef, eng.treedef, eng.opts, checks_enabled(), final)
                 self._state = self._call(fn, eng.params, self._state, *self._chunk_args(
                     np.zeros((1, p), np.int32), 1, 0, following, 0, 1, sampling))
+                done += 1
         rounds = self.rounds_per_step
         try:
             self.rounds_per_step = 0
             for b in self.slot_buckets:
+                report(done, total, f"decode {b} slots")
                 self._decode(b)
+                done += 1
         finally:
             self.rounds_per_step = rounds
+        report(done, total, "done")
 
     # ---------------------------------------------------------------- API
     def submit(self, prompt_ids, params: RequestParams | None = None, *, request_id: str | None = None
