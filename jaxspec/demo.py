@@ -374,6 +374,15 @@ def _table(results, run_s, compile_s, median_s):
     return "\n".join(lines)
 
 
+def _rest_ms(total_s: float, *parts_s: float) -> str:
+    """``total - sum(parts)`` in ms for the breakdown; the parts are timed alone, in other runs than the total, so
+    a residual below zero is timing noise and is printed as such, never as a negative time."""
+    rest = total_s - sum(parts_s)
+    if rest >= 0:
+        return f"{1e3 * rest:.1f} ms"
+    return f"~0 ms (the parts, timed alone, add up to {1e3 * -rest:.1f} ms more than the loop's: timing noise)"
+
+
 def main(argv=None) -> int:
     args = _parse(argv)
     # Pick the platform (and XLA:CPU's options) before JAX initialises a backend.
@@ -476,7 +485,7 @@ def main(argv=None) -> int:
     loop_step = step_s
     print(f"where the time goes (each part alone, fastest of {reps} interleaved, context {prefix}; a step and a round "
           f"from the decode loops less prefill): a plain step {1e3 * loop_step:.1f} ms = a one-row target forward "
-          f"{1e3 * one:.1f} ms + the rest (bookkeeping, loop) {1e3 * (loop_step - one):.1f} ms")
+          f"{1e3 * one:.1f} ms + the rest (bookkeeping, loop) {_rest_ms(loop_step, one)}")
     for m in names:
         spec = specs[m]
         verify, draft = part[f"forward {spec.num_draft_tokens}"], part[f"draft {m}"]
@@ -486,7 +495,7 @@ def main(argv=None) -> int:
         print(f"  {m}: round {1e3 * round_s:.1f} ms = verify forward ({spec.num_draft_tokens} rows) "
               f"{1e3 * verify:.1f} ms ({verify / one:.2f} one-row forwards) + draft (propose {spec.num_steps} steps + "
               f"extend over {spec.num_draft_tokens} rows) {1e3 * draft:.1f} ms + the rest (bookkeeping, loop) "
-              f"{1e3 * (round_s - verify - draft):.1f} ms")
+              f"{_rest_ms(round_s, verify, draft)}")
         print(f"  {m}: drafts accepted per position (of {len(accept_lens[m])} rounds): "
               + ", ".join(f"{k + 1}: {a:.0%}" for k, a in enumerate(acc)))
     if args.device == "cpu":

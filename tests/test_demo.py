@@ -183,8 +183,15 @@ def test_demo_runs_on_the_tiny_pair(capsys, monkeypatch):
         monkeypatch.setenv(name, os.environ.get(name, ""))
     assert demo.main(["--weights", DEFAULT_WEIGHTS, "--config", "chain", "--prompts", "2", "--max-new", "10",
                       "--repeats", "2"]) == 0
-    rows = _check_output(capsys.readouterr().out, ["chain"])
+    out = capsys.readouterr().out
+    rows = _check_output(out, ["chain"])
     assert rows["chain"][0] > 1.0
+    assert "the rest (bookkeeping, loop) -" not in out  # the breakdown never prints a negative part
+
+
+def test_breakdown_rest_is_never_negative():
+    assert demo._rest_ms(0.010, 0.004, 0.001) == "5.0 ms"
+    assert demo._rest_ms(0.010, 0.012).startswith("~0 ms (") and "timing noise" in demo._rest_ms(0.010, 0.012)
 
 
 @pytest.mark.slow  # SmolLM2 (fetched when missing) with its shipped head: several minutes on a 2-core CPU
