@@ -2,7 +2,7 @@
 # Creates .venv (Python >= 3.11), installs jaxspec editable with the test/interop/bench/hf extras, and
 # fetches the original SGLang/TokenSpeed kernel files from their pinned, hash-checked PyPI releases into
 # the git-ignored .originals/. Quiet: the installer's own chatter goes to .venv/setup.log and is shown
-# only when a step fails.
+# only when a step fails; each step prints one line as it starts.
 #   bash tools/setup.sh [--fresh]     --fresh: remove .venv first (a brand-new environment, newest releases)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,8 +17,9 @@ if [ ! -x .venv/bin/python ]; then
 fi
 LOG=.venv/setup.log
 : >"$LOG"
-step() {  # step <description> <command...>: run quietly, print the log's tail on failure
+step() {  # step <description> <command...>: one progress line, the command's own output to the log (its tail on failure)
   local what=$1; shift
+  echo "setup: $what ..."
   if ! "$@" >>"$LOG" 2>&1; then
     echo "setup: $what failed; last lines of $LOG:" >&2
     tail -n 40 "$LOG" >&2

