@@ -344,6 +344,9 @@ def _move_pallas(k3, v3, tgt, src, *, span, config, interpret):
 
 
 def _check_pool(k_buffer, v_buffer, paged):
+    if k_buffer is v_buffer:  # both are donated and written: one array cannot be both pools
+        raise ValueError("k_buffer/v_buffer: the same array passed twice; expected the K pool and the V pool, two "
+                         "distinct buffers")
     for name, b in (("k_buffer", k_buffer), ("v_buffer", v_buffer)):
         if not jnp.issubdtype(b.dtype, jnp.floating) and not jnp.issubdtype(b.dtype, jnp.integer):
             raise ValueError(f"{name}: expected a float (or raw integer) KV dtype, got {b.dtype}")

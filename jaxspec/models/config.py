@@ -97,6 +97,11 @@ class DecoderConfig:
         scaling = _rope_scaling(hf)
         sizes = {k: _field(hf, k, _REQUIRED, int) for k in
                  ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")}
+        if "rms_norm_eps" in hf and hf["rms_norm_eps"] is None:  # null is no epsilon: not a reason to pick one
+            raise ValueError("config.json rms_norm_eps: expected a positive number, got null")
+        max_pos = _field(hf, "max_position_embeddings", None, int)  # not used (RoPE positions are not capped)
+        if max_pos is not None and max_pos < 1:
+            raise ValueError(f"config.json max_position_embeddings: expected a positive integer, got {max_pos}")
         heads = sizes["num_attention_heads"]
         head_dim = _field(hf, "head_dim", None, int)
         if head_dim is None:
