@@ -1,72 +1,10 @@
 """Continuous batching over an ``Engine``: requests join a running batch, decode, and leave, nothing recompiled.
 
-``ServingEngine`` holds a fixed number of batch slots (``B`` = the engine's ``max_batch`` rounded up to a power
-of two), one ``DecodeState`` of that shape over the engine's KV pool (target and drafter), and a host
-``Scheduler``. One ``step()``:
-
-1. **schedule** (host): the step's prefill budget of ``T = max_prefill_tokens`` prompt tokens goes first come,
-   first served: first to the request whose prompt is part-way prefilled (chunked), then to waiting requests,
-   admitted into free slots (the lowest free slot first) while the page budget allows (below). A prompt gets
-   all its remaining tokens when they fit what is left of the budget, else a chunk of what is left (one that
-   leaves at least ``prefill_lookahead`` tokens for the last chunk, below); the head always goes (it has the
-   whole budget), so nothing starves, and a long prompt is prefilled over several steps while the running
-   requests keep decoding;
-2. **pages** (one jitted call, ``pages.refresh_tables``): a chunk gets the pages its tokens reach, a prompt's
-   last chunk also those of the step's rounds (``prompt + R * N`` tokens, ``N`` the verify width), every
-   decoding request the pages its next ``R`` rounds can reach (``seq_len + R * N``), written into the page
-   table with TokenSpeed's ``update_req_to_page`` and turned into the token table with
-   ``compute_out_cache_loc_uniform``;
-3. **prefill** of each scheduled chunk into its slot (the engine's ``step.prefill`` for a prompt's last chunk,
-   ``step.prefill_chunk`` for the others, on a one-row view of the state written back into the slot;
-   JetStream's ``prefill`` + ``insert``), the other slots untouched. Each chunk extends the committed
-   ``seq_lens`` (its prefix); a non-final chunk writes target and draft K/V, its drafter extend fed the
-   prompt's own next tokens, and samples nothing: its request holds its slot and pages but is a done row of
-   the decode until its last chunk, which samples the first token exactly as an unchunked prefill does (the
-   same keys: ``fold_in(key(seed), 0)``), so chunking changes no output. Chunks are padded to the prompt
-   buckets (``chunk_buckets``: powers of two from 8 up to the one of ``min(T, W)`` tokens, at most ``W``): two
-   executables per bucket;
-4. **decode**: up to ``R`` rounds (``rounds_per_step``) of the engine's own ``engine.step.decode_loop`` (one
-   device ``while_loop``; ``plain_step``, ``spec_step`` or the adaptive segments) over the slot bucket: rows
-   ``[0, b)`` of the state, ``b = next_pow2(highest occupied slot + 1)`` (a static slice of every per-row
-   leaf and of the token tables, the KV pools whole, written back; one executable per bucket, so a lightly
-   loaded core decodes a small batch); empty, finished and part-prefilled slots are done rows, frozen, the
-   first two with their table rows on the dummy page as the engine's padding rows. The loop is left as soon
-   as a running request finishes (its slot can then be given to a waiting one);
-5. **one host read** (``jax.device_get`` of ``done``, ``num_generated``, ``seq_lens``, ``out_tokens`` and the
-   round counters): the step's new tokens of every request, and those that finished (EOS, one of its stop
-   ids, ``max_new_tokens``) are retired: slot and pages freed at once (their table row goes back to the dummy
-   page in the next refresh). A step in which no request decodes (only non-final chunks ran) reads nothing.
-
-That read is the only host sync of a step (with ``JAXSPEC_CHECKS`` on, the check flags are read as well);
-``cancel`` dispatches one table refresh and syncs nothing.
-
-Shapes are fixed at construction (``B`` slots, ``W = max_context`` per slot, the pool, an output buffer of
-``next_pow2(W)`` tokens), so requests joining and leaving never recompile: the table refresh is one
-executable, the decode loop one per slot bucket (``1, 2, 4, .. B``), the prefill two per chunk bucket
-(``warmup()`` compiles them all).
-
-Page policy (SGLang's scheduler without retraction): pages are assigned as sequences grow, but a request is
-admitted only when the pages not yet handed out, less those promised to running requests, cover its worst
-case (``ceil(min(W, prompt + max_new_tokens + R * N) / G)`` pages); otherwise it WAITS at the head of the
-queue (FCFS: later requests do not overtake it). So a running request never runs out of pages and nothing is
-preempted. A request whose worst case exceeds the whole pool is refused by ``submit`` (``ValueError``).
-
-Chunk boundaries: a drafter's extend over a chunk reads prompt tokens past it (every drafter the next one, as
-its "first token"; ``MTPDrafter`` its ``S`` next ones, one per draft step: ``step.prefill_lookahead``), so a
-non-final chunk leaves at least that many tokens to the last one; the chunks then write exactly the K/V one
-whole-prompt prefill writes (target and draft).
-
-Plain, speculative (chain or tree, any ``Drafter``: MTP, EAGLE-3) or adaptive decoding (the engine's
-``decode_loop``: an adaptive engine's policy is one for the batch, its acceptance learned across steps and
-slot buckets; a round's price is the in-loop cost of its slot bucket, ``Engine.round_costs[b]`` where the
-engine has it (``Engine.calibrate(b)`` before building the core) and else the slot count's (calibrated at
-construction when missing), plus the step's own overhead per round, ``costs.StepCosts``); greedy by default;
-``sampling=True`` runs the engine's sampling executable, every request with its own temperature / top-k /
-top-p / seed (its coins depend on its seed and its own round counter only, so it draws what it would draw
-alone, chunked or not; temperature-0 requests stay greedy). A request stops at the engine's ``eos_id``
-(matched on the device) or at one of its own ``RequestParams.stop_token_ids`` (matched on the host after the
-step: the tokens the device decoded past it in that step are dropped). Simulated acceptance is refused at
-construction.
+``ServingEngine(engine, rounds_per_step=R)``: ``submit`` queues a request, ``step`` schedules prefill chunks under
+a token and a page budget, refreshes the page tables, prefills the chunks into their slots, decodes up to ``R``
+rounds over the occupied slot bucket and reads the new tokens back once; ``cancel`` frees a request's slot and
+pages at once. How each part works (scheduling, page policy, chunk boundaries, buckets, sampling, stopping):
+``docs/serving.md``, "How the core works".
 """
 
 import collections
