@@ -66,6 +66,7 @@ class Reply:
         self.stop = tuple(stop)
         self.include_stop_str_in_output = bool(include_stop_str_in_output)
         self.min_tokens = min_tokens
+        self._vocab_size = tokenizer.vocab_size
         self._detok = IncrementalDetokenizer(tokenizer, skip_special_tokens=bool(skip_special_tokens))
         self._silent = frozenset() if self.include_stop_str_in_output else self.stop_token_ids
         self._hold = max((len(s) for s in self.stop), default=1) - 1
@@ -91,6 +92,9 @@ class Reply:
         if finish_reason is not None and (not isinstance(finish_reason, str) or not finish_reason):
             raise ValueError(f"finish_reason: expected a non-empty str or None, got {finish_reason!r}")
         ids = _ids("ids", ids)
+        bad = next((i for i in ids if not 0 <= i < self._vocab_size), None)
+        if bad is not None:
+            raise ValueError(f"ids: {bad} is not a token id in [0, {self._vocab_size})")
         start = len(self.token_ids)
         if self.stop:
             for i in ids:
