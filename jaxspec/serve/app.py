@@ -4,6 +4,9 @@
 stopping at ``tokenizer.chat_stop_token_ids``), ``/v1/completions`` (raw text or token ids, stopping at
 ``tokenizer.eos_token_ids``), ``/v1/models``, ``/health``, ``/metrics`` (Prometheus text). ``stream: true``
 answers with server-sent events in OpenAI's chunk shapes. A client that disconnects cancels its request.
+Each reply's text, ``token_ids``, usage and finish reason come from one ``jaxspec.text.Reply`` fed the core's
+tokens step by step (streamed or not): it ends the reply at a stop string, where the core ends it at a stop
+token or ``max_new_tokens`` (a reply a stop string ended is cancelled in the core).
 
 Every refusal is OpenAI's JSON error body (``{"error": {"message", "type", "param", "code"}}``): bad input 400
 (``protocol.RequestError``, naming the field), unknown routes 404, a wrong method 405, a body not read whole
