@@ -147,15 +147,16 @@ def _common(body, sv: Served, prompt_ids, prompt_field, default_max, stop_ids) -
                            "stop_token_ids")
     stop_ids = tuple(dict.fromkeys((() if ignore else tuple(stop_ids)) + tuple(extra)))
     mn = body.get("min_tokens")
-    mn = 0 if mn is None else mn
-    if not _int(mn) or not 0 <= mn <= mt:
-        raise RequestError(f"min_tokens: expected an int in [0, {mt}] (at most {mt_field}), got {mn!r}", "min_tokens")
     skip = body.get("skip_special_tokens")
     skip = True if skip is None else skip
     if not isinstance(skip, bool):
         raise RequestError(f"skip_special_tokens: expected a boolean, got {skip!r}", "skip_special_tokens")
-    params = RequestParams(max_new_tokens=int(mt), temperature=float(t), top_k=None if k in (None, -1) else k,
-                           top_p=float(p), seed=int(seed), stop_token_ids=stop_ids, min_tokens=mn)
+    try:  # RequestParams checks min_tokens against max_new_tokens
+        params = RequestParams(max_new_tokens=mt, temperature=float(t), top_k=None if k in (None, -1) else k,
+                               top_p=float(p), seed=int(seed), stop_token_ids=stop_ids,
+                               min_tokens=0 if mn is None else mn)
+    except ValueError as e:
+        raise _field_error(e, prompt_field, mt_field) from None
     return Parsed(list(prompt_ids), params, tuple(stop), bool(stream), include_usage, prompt_field, mt_field,
                   _flag(body, "return_token_ids"), _flag(body, "include_stop_str_in_output"), skip)
 
@@ -250,8 +251,14 @@ def _bad_prompt(sv: Served) -> RequestError:
 
 def core_error(e: Exception, req: Parsed) -> RequestError:
     """The serving core's refusal (its message starts with the field) as a ``RequestError``."""
+    return _field_error(e, req.prompt_field, req.max_tokens_field)
+
+
+def _field_error(e: Exception, prompt_field: str, max_tokens_field: str) -> RequestError:
+    """A refusal of the serving core's (its message starts with the field) as a ``RequestError`` naming the
+    request's field."""
     m = re.match(r"\s*([A-Za-z_]+)", str(e))
     field = m.group(1) if m else None
-    param = {"max_new_tokens": req.max_tokens_field, "prompt": req.prompt_field, "prompts": req.prompt_field,
-             "prompt_ids": req.prompt_field}.get(field, field)
+    param = {"max_new_tokens": max_tokens_field, "prompt": prompt_field, "prompts": prompt_field,
+             "prompt_ids": prompt_field}.get(field, field)
     return RequestError(str(e), param)
