@@ -24,9 +24,10 @@ that is the tokenizer's end-of-turn token when its template has one, else its fi
 stop ids (``generation_config.json`` may list several) end the text on the host, where a
 ``jaxspec.text.Reply`` turns each request's ids into its text and finish reason: the request keeps decoding
 in the loop until its ``max_new_tokens`` or the engine's id, and what follows the first stop id is dropped.
-The engine checks the prompt and ``max_new_tokens`` against its context. Streaming runs the engine's public ``run_prefill`` then ``run_decode(max_rounds=...)`` in
-chunks of rounds, reading the new tokens after each chunk (a host sync per chunk; the rounds themselves
-are the same executable as ``generate``'s), and stops calling it once a stop id has appeared.
+The engine checks the prompt and ``max_new_tokens`` against its context. Streaming runs the engine's
+public ``run_prefill`` then ``run_decode(max_rounds=...)`` in chunks of rounds, reading the new tokens after
+each chunk (a host sync per chunk; the rounds themselves are the same executable as ``generate``'s) into the
+same ``Reply``, and stops calling it once the reply has ended.
 """
 
 import os
