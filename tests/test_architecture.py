@@ -144,6 +144,9 @@ FORBIDDEN = {
     "jaxspec.engine": ("jaxspec.models",),  # the engine knows the protocols, never a concrete model
     "jaxspec.pipeline": ("jaxspec.models",),
     "jaxspec.protocols": ("jaxspec.models", "jaxspec.engine", "jaxspec.pipeline", "jaxspec.ops"),
+    # a reply's text out of token ids, and the length limits: for the generator and the server alike
+    "jaxspec.text.reply": ("jaxspec.engine", "jaxspec.serving", "jaxspec.serve"),
+    "jaxspec.text.limits": ("jaxspec.engine", "jaxspec.serving", "jaxspec.serve"),
 }
 
 
@@ -296,6 +299,8 @@ PLANTED = [  # (rule, module, planted source, what the violation names)
     ("forbidden", "jaxspec.protocols", "import jaxspec.ops.tree", "jaxspec.ops.tree"),
     ("forbidden", "jaxspec.ops.verify", "from jaxspec.engine import engine", "jaxspec.engine.engine"),
     ("forbidden", "jaxspec.pipeline", "from jaxspec.models import decoder", "jaxspec.models.decoder"),
+    ("forbidden", "jaxspec.text.reply", "from jaxspec.serving import core", "jaxspec.serving.core"),
+    ("forbidden", "jaxspec.text.limits", "def f():\n    from jaxspec.engine import checks", "jaxspec.engine.checks"),
     ("backends", "jaxspec.kernels.cache_locs", "from jax.experimental.pallas import triton as plt",
      "outside its backend module"),
     ("backends", "jaxspec.kernels.kv_move", 'X = "jax.experimental.pallas.mosaic_gpu"', "names"),

@@ -4,6 +4,9 @@
 stopping at ``tokenizer.chat_stop_token_ids``), ``/v1/completions`` (raw text or token ids, stopping at
 ``tokenizer.eos_token_ids``), ``/v1/models``, ``/health``, ``/metrics`` (Prometheus text). ``stream: true``
 answers with server-sent events in OpenAI's chunk shapes. A client that disconnects cancels its request.
+Each reply's text, ``token_ids``, usage and finish reason come from one ``jaxspec.text.Reply`` fed the core's
+tokens step by step (streamed or not): it ends the reply at a stop string, where the core ends it at a stop
+token or ``max_new_tokens`` (a reply a stop string ended is cancelled in the core).
 
 Every refusal is OpenAI's JSON error body (``{"error": {"message", "type", "param", "code"}}``): bad input 400
 (``protocol.RequestError``, naming the field), unknown routes 404, a wrong method 405, a body not read whole
@@ -25,7 +28,7 @@ from aiohttp import web
 from jaxspec.serve import protocol
 from jaxspec.serve.driver import DEFAULT_MAX_QUEUED_REQUESTS, EngineDriver, Submission
 from jaxspec.serving import ServingEngine
-from jaxspec.text import Tokenizer
+from jaxspec.text import Reply, Tokenizer
 
 DRIVER = web.AppKey("driver", EngineDriver)
 BODY_TIMEOUT = web.AppKey("body_timeout_s", float)
@@ -68,52 +71,6 @@ async def _errors(request, handler):
     except Exception as e:  # noqa: BLE001 -- logged; the client gets the JSON error, not aiohttp's text page
         _log.exception("error in %s %s", request.method, request.path)
         return _error(500, f"internal server error: {type(e).__name__}", None, "server_error")
-
-
-class _Stream:
-    """Text of one request as it decodes: the detokenizer (incremental; ``skip_special_tokens``), the stop ids
-    (their text left out unless ``include_stop_str_in_output``) and stop strings (cut on the host, token by
-    token: the ids end at the token that completed the stop string, from ``min_tokens`` tokens on), the ids."""
-
-    def __init__(self, tokenizer: Tokenizer, req: protocol.Parsed):
-        self.detok = tokenizer.detokenizer(skip_special_tokens=req.skip_special_tokens)
-        self.stop_ids = set() if req.include_stop_str else set(req.params.stop_token_ids)
-        self.stops, self.keep, self.min_tokens = list(req.stop), req.include_stop_str, req.params.min_tokens
-        self.hold = max((len(s) for s in self.stops), default=1) - 1
-        self.text, self.sent, self.cut, self.ids = "", 0, False, []
-
-    def _extend(self, piece: str) -> None:
-        """Append ``piece``; with stop strings, cut at the first one that ends in it."""
-        before = len(self.text)
-        self.text += piece
-        if not piece or not self.stops or len(self.ids) < self.min_tokens:
-            return
-        hits = [(at, len(s)) for s in self.stops if (at := self.text.find(s, max(0, before - len(s) + 1))) >= 0]
-        if hits:
-            at, n = min(hits)
-            self.text, self.cut = self.text[: at + (n if self.keep else 0)], True
-
-    def push(self, ids, finished: bool) -> tuple[str, list]:
-        """``(the text newly final, the ids newly part of the reply)`` after ``ids``; ``self.cut`` once a stop
-        string ended it (the ids past the token that completed it are dropped)."""
-        if not self.stops:
-            self.ids += ids
-            self.text += self.detok.push([i for i in ids if i not in self.stop_ids] if self.stop_ids else ids)
-            kept = ids
-        else:
-            kept = []
-            for i in ids:
-                kept.append(i)
-                self.ids.append(i)
-                self._extend(self.detok.push([i]) if i not in self.stop_ids else "")
-                if self.cut:
-                    break
-        if finished and not self.cut:
-            self._extend(self.detok.finish())
-        hold = 0 if finished or self.cut else self.hold
-        end = max(self.sent, len(self.text) - hold)
-        piece, self.sent = self.text[self.sent:end], end
-        return piece, kept
 
 
 class _Chunks:
@@ -166,7 +123,9 @@ async def _run(request, req: protocol.Parsed, chat: bool):
     driver, served = request.app[DRIVER], request.app[SERVED]
     sub = Submission(req.prompt_ids, req.params, asyncio.get_running_loop())
     driver.submit(sub)
-    text = _Stream(served.tokenizer, req)
+    reply = Reply(served.tokenizer, stop_token_ids=req.params.stop_token_ids, stop=req.stop,
+                  include_stop_str_in_output=req.include_stop_str, skip_special_tokens=req.skip_special_tokens,
+                  min_tokens=req.params.min_tokens)
     rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
     try:
         events = await sub.wait()
@@ -200,34 +159,33 @@ async def _run(request, req: protocol.Parsed, chat: bool):
                 ids += ev[1]
                 finished, why = finished or ev[2], ev[3] or why
             events = []
-            piece, ids = text.push(ids, finished)
-            done = finished
-            reason = "stop" if text.cut else why if finished else None
-            if not req.stream or not (piece or reason or req.return_token_ids and ids):
+            delta = reply.push(ids, why if finished else None)  # the reply may end before the core's tokens do
+            done, reason = finished, delta.finish_reason
+            if not req.stream or not (delta.text or reason or req.return_token_ids and delta.token_ids):
                 continue
-            out = chunks.content(piece, ids, reason)
+            out = chunks.content(delta.text, delta.token_ids, reason)
             if reason is not None:  # the last chunk, the usage and [DONE] in one write
                 if req.include_usage:
-                    out += chunks.event(None, _usage(req, text))
+                    out += chunks.event(None, _usage(req, reply))
                 out += b"data: [DONE]\n\n"
             await resp.write(out)
         if req.stream:
             await resp.write_eof()
             return resp
-        choice = ({"index": 0, "message": {"role": "assistant", "content": text.text}, "logprobs": None,
+        choice = ({"index": 0, "message": {"role": "assistant", "content": reply.text}, "logprobs": None,
                    "finish_reason": reason} if chat
-                  else {"index": 0, "text": text.text, "logprobs": None, "finish_reason": reason})
+                  else {"index": 0, "text": reply.text, "logprobs": None, "finish_reason": reason})
         if req.return_token_ids:
-            choice["token_ids"] = text.ids
+            choice["token_ids"] = reply.token_ids
         return web.json_response({"id": rid, "object": "chat.completion" if chat else "text_completion",
                                   "created": int(time.time()), "model": served.name, "choices": [choice],
-                                  "usage": _usage(req, text)})
+                                  "usage": _usage(req, reply)})
     finally:  # counted under the reply's reason (a disconnect or a failure: abort); unfinished: cancelled
         driver.end(sub, reason or "abort", cancel=not done)
 
 
-def _usage(req: protocol.Parsed, text: _Stream) -> dict:
-    n, p = len(text.ids), len(req.prompt_ids)
+def _usage(req: protocol.Parsed, reply: Reply) -> dict:
+    n, p = len(reply.token_ids), len(req.prompt_ids)
     return {"prompt_tokens": p, "completion_tokens": n, "total_tokens": p + n}
 
 

@@ -17,8 +17,9 @@ and usage alike, at the token that completed it. Options that would change the o
 when set to anything but their neutral value; other fields are ignored.
 
 A prompt that cannot fit the context is refused before it is tokenized when its length in characters exceeds
-``max_context`` times the longest vocabulary entry (``Served.max_prompt_chars``); token id prompts longer than
-the context are refused before their ids are checked.
+``max_context`` times the longest vocabulary entry (``Served.max_prompt_chars``); a token id prompt too long for
+the context is refused before its ids are checked. ``jaxspec.text.limits.reply_budget`` is the one check of a
+prompt's length and ``max_tokens`` against the context.
 """
 
 import dataclasses
@@ -27,6 +28,7 @@ import re
 import secrets
 
 from jaxspec.serving import RequestParams
+from jaxspec.text.limits import LimitError, reply_budget
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 FLOAT32_MAX = 3.4028234663852886e38
@@ -99,18 +101,12 @@ def _int(v) -> bool:
 
 
 def _common(body, sv: Served, prompt_ids, prompt_field, default_max, stop_ids) -> Parsed:
-    room = sv.max_context - sv.verify_width - len(prompt_ids)
-    if room < 1:
-        raise RequestError(f"the prompt is {len(prompt_ids)} tokens; this server's context is {sv.max_context} "
-                           f"tokens ({sv.verify_width} reserved for verification), which leaves no room for "
-                           f"a reply", prompt_field)
     mt_field = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
-    mt = body.get(mt_field)
-    if mt is None:
-        mt = room if default_max is None else min(default_max, room)
-    elif not _int(mt) or not 1 <= mt <= room:
-        raise RequestError(f"{mt_field}: expected an int in [1, {room}] (the context left after the "
-                           f"{len(prompt_ids)}-token prompt), got {mt!r}", mt_field)
+    try:
+        mt = reply_budget(len(prompt_ids), body.get(mt_field), max_context=sv.max_context, reserved=sv.verify_width,
+                          default=default_max, prompt_name=prompt_field, max_new_tokens_name=mt_field)
+    except LimitError as e:
+        raise RequestError(e.message, e.param) from None
     t = body.get("temperature", 1.0)
     t = 1.0 if t is None else t
     if not _number(t) or not math.isfinite(t) or not 0 <= t <= FLOAT32_MAX:
@@ -151,15 +147,16 @@ def _common(body, sv: Served, prompt_ids, prompt_field, default_max, stop_ids) -
                            "stop_token_ids")
     stop_ids = tuple(dict.fromkeys((() if ignore else tuple(stop_ids)) + tuple(extra)))
     mn = body.get("min_tokens")
-    mn = 0 if mn is None else mn
-    if not _int(mn) or not 0 <= mn <= mt:
-        raise RequestError(f"min_tokens: expected an int in [0, {mt}] (at most {mt_field}), got {mn!r}", "min_tokens")
     skip = body.get("skip_special_tokens")
     skip = True if skip is None else skip
     if not isinstance(skip, bool):
         raise RequestError(f"skip_special_tokens: expected a boolean, got {skip!r}", "skip_special_tokens")
-    params = RequestParams(max_new_tokens=int(mt), temperature=float(t), top_k=None if k in (None, -1) else k,
-                           top_p=float(p), seed=int(seed), stop_token_ids=stop_ids, min_tokens=mn)
+    try:  # RequestParams checks min_tokens against max_new_tokens
+        params = RequestParams(max_new_tokens=mt, temperature=float(t), top_k=None if k in (None, -1) else k,
+                               top_p=float(p), seed=int(seed), stop_token_ids=stop_ids,
+                               min_tokens=0 if mn is None else mn)
+    except ValueError as e:
+        raise _field_error(e, prompt_field, mt_field) from None
     return Parsed(list(prompt_ids), params, tuple(stop), bool(stream), include_usage, prompt_field, mt_field,
                   _flag(body, "return_token_ids"), _flag(body, "include_stop_str_in_output"), skip)
 
@@ -230,28 +227,38 @@ def parse_completion(body, sv: Served) -> Parsed:
     if isinstance(prompt, str) and len(prompt) > sv.max_prompt_chars:
         raise RequestError(f"prompt: {len(prompt)} characters cannot fit this server's context of {sv.max_context} "
                            f"tokens (at most {sv.max_prompt_chars} characters)", "prompt")
-    if isinstance(prompt, list) and len(prompt) > sv.max_context:
-        raise RequestError(f"prompt: {len(prompt)} token ids exceed this server's context of {sv.max_context} "
-                           f"tokens", "prompt")
     if isinstance(prompt, str) and prompt:
         try:
             ids = sv.tokenizer.encode(prompt, add_special_tokens=True)
         except Exception as e:  # noqa: BLE001 -- characters the tokenizer cannot encode
             raise RequestError(f"prompt: {e}", "prompt") from None
-    elif isinstance(prompt, list) and prompt and all(_int(i) and 0 <= i < sv.vocab_size for i in prompt):
-        ids = prompt
+        if not ids:
+            raise RequestError("prompt: encodes to no tokens", "prompt")
+    elif isinstance(prompt, list) and prompt:
+        ids = prompt  # its length is checked against the context (in _common) before its ids are
     else:
-        raise RequestError("prompt: expected a non-empty string or one list of token ids "
-                           f"in [0, {sv.vocab_size}) (one prompt per request)", "prompt")
-    if not ids:
-        raise RequestError("prompt: encodes to no tokens", "prompt")
-    return _common(body, sv, ids, "prompt", COMPLETIONS_DEFAULT_MAX_TOKENS, sv.eos_ids)
+        raise _bad_prompt(sv)
+    parsed = _common(body, sv, ids, "prompt", COMPLETIONS_DEFAULT_MAX_TOKENS, sv.eos_ids)
+    if ids is prompt and not all(_int(i) and 0 <= i < sv.vocab_size for i in prompt):
+        raise _bad_prompt(sv)
+    return parsed
+
+
+def _bad_prompt(sv: Served) -> RequestError:
+    return RequestError("prompt: expected a non-empty string or one list of token ids "
+                        f"in [0, {sv.vocab_size}) (one prompt per request)", "prompt")
 
 
 def core_error(e: Exception, req: Parsed) -> RequestError:
     """The serving core's refusal (its message starts with the field) as a ``RequestError``."""
+    return _field_error(e, req.prompt_field, req.max_tokens_field)
+
+
+def _field_error(e: Exception, prompt_field: str, max_tokens_field: str) -> RequestError:
+    """A refusal of the serving core's (its message starts with the field) as a ``RequestError`` naming the
+    request's field."""
     m = re.match(r"\s*([A-Za-z_]+)", str(e))
     field = m.group(1) if m else None
-    param = {"max_new_tokens": req.max_tokens_field, "prompt": req.prompt_field, "prompts": req.prompt_field,
-             "prompt_ids": req.prompt_field}.get(field, field)
+    param = {"max_new_tokens": max_tokens_field, "prompt": prompt_field, "prompts": prompt_field,
+             "prompt_ids": prompt_field}.get(field, field)
     return RequestError(str(e), param)

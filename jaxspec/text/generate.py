@@ -21,11 +21,13 @@ request; greedy by default). The reply text leaves out the stop token and, by de
 
 Stopping: the engine stops a request in its decode loop at ONE token id, the engine's ``eos_id``; here
 that is the tokenizer's end-of-turn token when its template has one, else its first stop token. Further
-stop ids (``generation_config.json`` may list several) end the text on the host: the request keeps
-decoding in the loop until its ``max_new_tokens`` or the engine's id, and what follows the first stop id
-is dropped. Streaming runs the engine's public ``run_prefill`` then ``run_decode(max_rounds=...)`` in
-chunks of rounds, reading the new tokens after each chunk (a host sync per chunk; the rounds themselves
-are the same executable as ``generate``'s), and stops calling it once a stop id has appeared.
+stop ids (``generation_config.json`` may list several) end the text on the host, where a
+``jaxspec.text.Reply`` turns each request's ids into its text and finish reason: the request keeps decoding
+in the loop until its ``max_new_tokens`` or the engine's id, and what follows the first stop id is dropped.
+The engine checks the prompt and ``max_new_tokens`` against its context. Streaming runs the engine's
+public ``run_prefill`` then ``run_decode(max_rounds=...)`` in chunks of rounds, reading the new tokens after
+each chunk (a host sync per chunk; the rounds themselves are the same executable as ``generate``'s) into the
+same ``Reply``, and stops calling it once the reply has ended.
 """
 
 import os
@@ -36,7 +38,8 @@ import numpy as np
 
 from jaxspec.engine import Engine
 from jaxspec.text.chat import check_messages
-from jaxspec.text.tokenizer import IncrementalDetokenizer, Tokenizer
+from jaxspec.text.reply import Reply
+from jaxspec.text.tokenizer import Tokenizer
 
 DEFAULT_MAX_NEW_TOKENS = 256
 STREAM_ROUNDS = 8  # decode rounds per engine call while streaming
@@ -49,14 +52,6 @@ class TextOutput(NamedTuple):
     text: str
     token_ids: list
     finish_reason: str
-
-
-def _cut_at_stop(ids, stops) -> tuple[list[int], bool]:
-    ids = [int(i) for i in ids]
-    for k, t in enumerate(ids):
-        if t in stops:
-            return ids[:k], True
-    return ids, False
 
 
 def _is_conversation(x) -> bool:
@@ -113,7 +108,6 @@ class TextGenerator:
                 len(prompt_ids) and isinstance(prompt_ids[0], (int, np.integer))):
             raise ValueError("prompt_ids: expected a list of prompts (each a list of token ids), got one flat list")
         n, cap = len(prompt_ids), self.engine.max_batch
-        stops = set(int(s) for s in stop_token_ids)
         per = [_per_request(v, n, name) for v, name in ((temperature, "temperature"), (top_k, "top_k"),
                                                           (top_p, "top_p"), (seed, "seed"))]
         outs = []
@@ -123,13 +117,15 @@ class TextGenerator:
                   for v, name in zip(per, ("temperature", "top_k", "top_p", "seed"))}
             res = self.engine.generate(list(prompt_ids[lo:hi]), max_new_tokens, **kw)
             for toks in res.tokens:
-                outs.append(self._output(toks, stops, max_new_tokens))
+                reply = self._reply(stop_token_ids)
+                reply.push(np.asarray(toks).tolist(), "length")
+                outs.append(_output(reply))
         return outs
 
-    def _output(self, toks, stops, max_new_tokens) -> TextOutput:
-        ids, stopped = _cut_at_stop(toks, stops | {self.engine.eos_id} - {-1})
-        reason = "stop" if stopped else "length"
-        return TextOutput(self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens), ids, reason)
+    def _reply(self, stop_token_ids) -> Reply:
+        """The ``Reply`` of one request: it ends at ``stop_token_ids`` and at the engine's own stop id."""
+        stops = tuple(int(s) for s in stop_token_ids) + (() if self.engine.eos_id < 0 else (self.engine.eos_id,))
+        return Reply(self.tokenizer, stop_token_ids=stops, skip_special_tokens=self.skip_special_tokens)
 
     # ------------------------------------------------------------------ text
     def encode_prompt(self, prompt: str) -> list[int]:
@@ -171,27 +167,21 @@ class TextGenerator:
         if not isinstance(rounds_per_chunk, int) or rounds_per_chunk < 1:
             raise ValueError(f"rounds_per_chunk: expected an int >= 1, got {rounds_per_chunk!r}")
         eng = self.engine
-        stops = set(int(s) for s in stop_token_ids) | ({eng.eos_id} - {-1})
+        reply = self._reply(stop_token_ids)
         if eng.opts.adaptive is not None and 1 not in eng.round_costs:  # as Engine.generate does first
             eng.calibrate(1)
         state = eng.run_prefill(*eng.prepare([list(prompt_ids)], max_new_tokens, temperature=temperature,
                                              top_k=top_k, top_p=top_p, seed=seed))
-        detok = IncrementalDetokenizer(self.tokenizer, skip_special_tokens=self.skip_special_tokens)
         seen = 0
-        while True:
+        while reply.finish_reason is None:
             num = int(np.asarray(state.num_generated)[0])
             new = np.asarray(state.out_tokens)[0, seen:num].tolist()
             seen = num
-            ids, stopped = _cut_at_stop(new, stops)
-            piece = detok.push(ids)
+            piece = reply.push(new, "length" if bool(np.asarray(state.done)[0]) else None).text
             if piece:
                 yield piece
-            if stopped or bool(np.asarray(state.done)[0]):
-                break
-            state = eng.run_decode(state, max_rounds=rounds_per_chunk)
-        rest = detok.finish()
-        if rest:
-            yield rest
+            if reply.finish_reason is None:
+                state = eng.run_decode(state, max_rounds=rounds_per_chunk)
 
     def stream(self, prompt: str, *, max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS, **kw) -> Iterator[str]:
         """``generate`` for one prompt, as a stream of text pieces."""
@@ -205,6 +195,12 @@ class TextGenerator:
         """``chat`` for one conversation, as a stream of text pieces."""
         return self.stream_ids(self.chat_prompt_ids(messages, **(template_kwargs or {})),
                                stop_token_ids=self.chat_stop_token_ids, max_new_tokens=max_new_tokens, **kw)
+
+
+def _output(reply: Reply) -> TextOutput:
+    """The ``TextOutput`` of an ended reply: its ids without the stop token that ended it."""
+    ids = reply.token_ids[:-1] if isinstance(reply.stop_reason, int) else reply.token_ids
+    return TextOutput(reply.text, ids, reply.finish_reason)
 
 
 def _per_request(v, n: int, name: str):

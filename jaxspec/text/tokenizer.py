@@ -394,6 +394,14 @@ class IncrementalDetokenizer:
         return self.tokenizer.decode(ids, skip_special_tokens=self.skip)
 
     def push(self, ids: Iterable[int]) -> str:
+        """Append ``ids`` to the sequence.
+
+        Args:
+          ids: the next token ids.
+
+        Returns:
+          the text that became final with them ("" while a character is still incomplete).
+        """
         new = [int(i) for i in ids]
         if not new:
             return ""
