@@ -390,19 +390,16 @@ class Setup:
 
     def _spec_pair(self):
         """``(target, drafter)``: EAGLE-3 (the target taps its aux layers); ``--tiny``: the tiny pair's MTP."""
-        from jaxspec.models import EAGLE3Drafter, MTPDrafter, load_eagle3, load_model
-        from jaxspec.models.eagle3 import aux_layers_from_ids
+        from jaxspec.models import MTPDrafter, load_target_with_head
 
         if self.args.tiny:
             return self._tiny(), MTPDrafter(self._tiny())
         if self.args.eagle3 is None:
             raise ValueError("--eagle3: the spec and adaptive modes need an EAGLE-3 head directory")
         if "e3" not in self._cache:
-            head = load_eagle3(self.args.eagle3, param_dtype=self.dtype, kv_dtype=self.dtype)
-            n = self._plain_target().cfg.num_hidden_layers
-            target = load_model(self.args.model, param_dtype=self.dtype, kv_dtype=self.dtype,
-                                aux_layers=aux_layers_from_ids(head.cfg.aux_layer_ids, n))
-            self._cache["e3"] = (target, EAGLE3Drafter(head, target))
+            self._cache["e3"] = tuple(load_target_with_head(
+                self.args.model, self.args.eagle3, kind="eagle3", param_dtype=self.dtype, kv_dtype=self.dtype,
+                head_param_dtype=self.dtype, head_kv_dtype=self.dtype)[:2])
         return self._cache["e3"]
 
     def context(self, width: int) -> int:
