@@ -2,7 +2,10 @@
 ``jaxspec.data.chat_prompts`` through its chat template: what the draft-head checks (``draft_consistency.py``,
 ``draft_mtp_consistency.py``, ``draft_train_metric.py``) run on, loaded as ``python -m jaxspec.demo`` loads it."""
 
+import os
 from typing import NamedTuple
+
+import _cli
 
 MODEL = "smollm2-135m-instruct"
 MTP_STEPS = 3  # the draft steps an MTP head is loaded with (the demo's most)
@@ -40,3 +43,27 @@ def load_chat_head(head: str | None, kind: str, num_prompts: int) -> ChatHead:
     eot, stops = tok.end_of_turn_token_id, tok.chat_stop_token_ids
     return ChatHead(target, drafter, prompts, eot if eot is not None else (min(stops) if stops else None), gguf)
 
+
+
+def check_parser(script: str, doc: str, kind: str, num_prompts: int):
+    """The draft checks' parser: ``--head`` (a ``kind`` head), ``--num-prompts`` (default ``num_prompts``) and
+    ``--new-tokens``."""
+    ap = _cli.parser(script, doc)
+    what = {"eagle3": "EAGLE-3", "mtp": "MTP"}[kind]
+    ap.add_argument("--head", default=None, help=f"{what} head directory (default: the shipped SmolLM2 head)")
+    ap.add_argument("--num-prompts", type=int, default=num_prompts, help="chat prompts compared")
+    ap.add_argument("--new-tokens", type=int, default=64, help="greedy reply tokens per prompt")
+    return ap
+
+
+def load_check(args, kind: str):
+    """``(chat_head, spec, engine)`` of a draft check on the CPU (unless ``JAX_PLATFORMS`` says otherwise): SmolLM2
+    with the ``kind`` head ``args.head``, the chain ``SpecConfig(3, 1, 4)`` and a plain ``Engine`` that answers
+    ``args.num_prompts`` prompts at once."""
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    from jaxspec.config import SpecConfig
+    from jaxspec.engine import Engine
+
+    setup = load_chat_head(args.head, kind, args.num_prompts)
+    eng = Engine(setup.target, None, max_context=256, page_size=16, max_batch=args.num_prompts, eos_id=setup.eos_id)
+    return setup, SpecConfig(3, 1, 4), eng

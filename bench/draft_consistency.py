@@ -16,10 +16,7 @@ prefix ``c``; step 1 only where ``draft0`` is the true token, so both sides are 
 top-1 agreement with the target's greedy tokens.
 """
 
-import os
-
-import _cli
-from _chat_head import load_chat_head
+from _chat_head import check_parser, load_check
 
 
 def train_side(head, target, tokens):
@@ -98,22 +95,13 @@ def prefix_drafts(f_inf, state, seq, starts, spec, rows: int, width: int):
 
 
 def main(argv=None):
-    ap = _cli.parser("draft_consistency.py", __doc__)
-    ap.add_argument("--head", default=None, help="EAGLE-3 head directory (default: the shipped SmolLM2 head)")
-    ap.add_argument("--num-prompts", type=int, default=4, help="chat prompts compared")
-    ap.add_argument("--new-tokens", type=int, default=64, help="greedy reply tokens per prompt")
+    ap = check_parser("draft_consistency.py", __doc__, "eagle3", 4)
     ap.add_argument("--synth", action="store_true", help="also self-synthesized user turns (train_draft's recipe)")
     args = ap.parse_args(argv)
-    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    setup, spec, eng = load_check(args, "eagle3")
+    target, drafter = setup.target, setup.drafter
     import numpy as np
 
-    from jaxspec.config import SpecConfig
-    from jaxspec.engine import Engine
-
-    setup = load_chat_head(args.head, "eagle3", args.num_prompts)
-    target, drafter = setup.target, setup.drafter
-    spec = SpecConfig(3, 1, 4)
-    eng = Engine(target, None, max_context=256, page_size=16, max_batch=args.num_prompts, eos_id=setup.eos_id)
     sets = {"chat": [np.asarray(p, np.int32) for p in setup.prompts]}
     if args.synth:
         from jaxspec.data.self_distill import chatml_ids

@@ -10,10 +10,7 @@ how often the two sides agree at row ``c - 1`` (step ``s > 0`` only where ``draf
 both sides are fed the same tokens) and each side's agreement with the target's greedy tokens.
 """
 
-import os
-
-import _cli
-from _chat_head import load_chat_head
+from _chat_head import check_parser, load_check
 from draft_consistency import jitted_sides, prefix_drafts
 
 
@@ -45,21 +42,11 @@ def inference_side(model, drafter, spec, prompts, lens, r2t, zeros, slots: int, 
 
 
 def main(argv=None):
-    ap = _cli.parser("draft_mtp_consistency.py", __doc__)
-    ap.add_argument("--head", default=None, help="MTP head directory (default: the shipped SmolLM2 head)")
-    ap.add_argument("--num-prompts", type=int, default=3, help="chat prompts compared")
-    ap.add_argument("--new-tokens", type=int, default=64, help="greedy reply tokens per prompt")
-    args = ap.parse_args(argv)
-    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    args = check_parser("draft_mtp_consistency.py", __doc__, "mtp", 3).parse_args(argv)
+    setup, spec, eng = load_check(args, "mtp")
+    model, drafter = setup.target, setup.drafter
     import numpy as np
 
-    from jaxspec.config import SpecConfig
-    from jaxspec.engine import Engine
-
-    setup = load_chat_head(args.head, "mtp", args.num_prompts)
-    model, drafter = setup.target, setup.drafter
-    spec = SpecConfig(3, 1, 4)
-    eng = Engine(model, None, max_context=256, page_size=16, max_batch=args.num_prompts, eos_id=setup.eos_id)
     prompts = [np.asarray(p, np.int32) for p in setup.prompts]
     replies = eng.generate(prompts, args.new_tokens)
     state, f_train, f_inf = jitted_sides(model, drafter, spec, lambda m, d, seq: train_side(m, seq, spec.num_steps),

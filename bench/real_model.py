@@ -34,6 +34,7 @@ import sys
 import time
 
 import _cli
+from _rows import Run
 
 CONFIGS = {  # name -> (drafter, spec list, adaptive)
     "eagle3-chain3": ("eagle3", [(3, 1, 4)], False),
@@ -71,27 +72,6 @@ def _parse(argv):
     ap.add_argument("--json", default=None, help="write the rows here (after every row)")
     ap.add_argument("--png", default=None, help="plot: speed-up over plain per config and batch, accept histogram")
     return ap.parse_args(argv)
-
-
-class Run:
-    """Rows, written to ``path`` after each one; a clock for ``--budget-s``."""
-
-    def __init__(self, path, budget_s, meta):
-        self.path, self.budget_s, self.t0 = path, budget_s, time.perf_counter()
-        self.doc = dict(meta, rows=[])
-
-    def add(self, **row):
-        self.doc["rows"].append(row)
-        if self.path:
-            with open(self.path, "w") as f:
-                json.dump(self.doc, f, indent=1)
-        return row
-
-    def time_left(self) -> bool:
-        ok = self.budget_s is None or time.perf_counter() - self.t0 < self.budget_s
-        if not ok:
-            print(f"--budget-s {self.budget_s} reached: no new rows", flush=True)
-        return ok
 
 
 def prompt_ids(model_path: str, questions_path: str):
@@ -349,15 +329,11 @@ def plot(doc, path):
     ax[1].set_xlabel("accept length per request (MT-Bench first turns, T=0)")
     ax[1].set_ylabel("requests")
     ax[1].legend(fontsize=8)
-    fig.suptitle(f"{doc['model']} on {doc['gpu']}")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    _cli.save_figure(fig, path, f"{doc['model']} on {doc['gpu']}")
 
 
 def main(argv=None) -> int:
-    args = _parse(sys.argv[1:] if argv is None else argv)
-    if args.device == "cpu":
-        os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    args = _cli.parse_on_device(_parse, argv)
     import jax
 
     parts = [p for p in args.parts.split(",") if p]
