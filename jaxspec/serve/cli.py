@@ -3,6 +3,8 @@ serve it over HTTP (``jaxspec.serve.app``) until interrupted. Prints one line wh
 
 import argparse
 
+from jaxspec.cli_help import HelpFormatter
+
 
 def _spec(s: str):
     parts = s.split(",")
@@ -16,7 +18,7 @@ def parser() -> argparse.ArgumentParser:
                                 description="An OpenAI-compatible HTTP server (/v1/chat/completions, "
                                             "/v1/completions, /v1/models, /health, /metrics) over jaxspec's "
                                             "continuous-batching core, with speculative decoding.",
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                formatter_class=HelpFormatter)
     p.add_argument("--model", required=True, help="a checkpoint directory, a .gguf file or a registered name "
                                                   "(e.g. smollm2-135m-instruct, fetched once)")
     p.add_argument("--draft", help="a draft head directory (EAGLE-3 or MTP); without it: plain decoding")
@@ -24,8 +26,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--spec", type=_spec, action="append",
                    help="a draft shape STEPS,TOPK,TOKENS (repeat for several, with --adaptive); default 3,1,4")
     p.add_argument("--adaptive", action="store_true", help="pick among the --spec shapes (and plain) per round")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--host", default="127.0.0.1", help="the address to listen on")
+    p.add_argument("--port", type=int, default=8000, help="the TCP port to listen on")
     p.add_argument("--max-batch", type=int, default=8, help="batch slots")
     p.add_argument("--max-context", type=int, default=2048, help="tokens per request (prompt + reply)")
     p.add_argument("--page-size", type=int, default=16, help="KV page size in tokens")
