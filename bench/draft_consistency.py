@@ -3,9 +3,9 @@
 ``.venv/bin/python bench/draft_consistency.py [--head DIR] [--num-prompts 4] [--new-tokens 64] [--synth]``
 
 SmolLM2 (f32, the fetched GGUF) answers the demo's chat prompts greedily (``--synth``: also Magpie-style
-self-synthesized user turns, as ``jaxspec.train_draft``'s data stage makes them). On each conversation:
+self-synthesized user turns, as ``jaxspec.data.self_distill`` makes them). On each conversation:
 
-* train side: ``jaxspec.train_draft``'s forward (the target's dense forward, ``ttt_forward``) gives, at row ``t``,
+* train side: the training forward (``jaxspec.models.distill.eagle3_step_logits``) (the target's dense forward, ``ttt_forward``) gives, at row ``t``,
   step 0's draft token for ``t + 2`` and step 1's for ``t + 3`` (step 1 teacher-forced: fed token ``t + 2``);
 * inference side: for every response prefix ``tokens[:c]`` (one batch row each) the target's paged prefill,
   ``EAGLE3Drafter.extend_after_prefill`` and the chain ``propose`` (``SpecConfig(3, 1, 4)``) give the drafts
@@ -16,24 +16,19 @@ prefix ``c``; step 1 only where ``draft0`` is the true token, so both sides are 
 top-1 agreement with the target's greedy tokens.
 """
 
-import _cli
-import os
+from _chat_head import check_parser, load_check
 
 
 def train_side(head, target, tokens):
-    """Step 0 / step 1 draft tokens (target ids) of ``train_draft``'s forward: ``[2, T]`` for one sequence."""
+    """Step 0 / step 1 draft tokens (target ids) of the training forward (``jaxspec.models.distill``): ``[2, T]``
+    for one sequence."""
     import jax.numpy as jnp
 
-    from jaxspec.train_draft import _dense_meta, _shift
+    from jaxspec.models.distill import eagle3_step_logits
 
-    toks = jnp.asarray(tokens, jnp.int32)[None]
-    meta = _dense_meta(1, toks.shape[1])
-    _, aux, _ = target.forward(toks, meta, None)
-    emb = target.embed_tokens[...]
-    embs = [emb[_shift(toks, 1 + k)].astype(jnp.float32) for k in range(2)]
-    outs = head.ttt_forward(embs, head.project(aux), meta.positions)
+    _, outs = eagle3_step_logits(head, target, jnp.asarray(tokens, jnp.int32)[None], 2)
     ids = head.token_ids[...]
-    return jnp.stack([ids[jnp.argmax(head.logits(o), -1)][0] for o in outs])
+    return jnp.stack([ids[jnp.argmax(lg, -1)][0] for lg in outs])
 
 
 def prefixes(tokens, starts, spec, rows: int, width: int, page_size=16):
@@ -73,33 +68,45 @@ def inference_side(target, drafter, spec, prompts, lens, r2t, zeros, slots: int,
     return drafts, first
 
 
-def main(argv=None):
-    ap = _cli.parser("draft_consistency.py", __doc__)
-    ap.add_argument("--head", default=None, help="EAGLE-3 head directory (default: the shipped SmolLM2 head)")
-    ap.add_argument("--num-prompts", type=int, default=4, help="chat prompts compared")
-    ap.add_argument("--new-tokens", type=int, default=64, help="greedy reply tokens per prompt")
-    ap.add_argument("--synth", action="store_true", help="also self-synthesized user turns (train_draft's recipe)")
-    args = ap.parse_args(argv)
-    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+def jitted_sides(target, drafter, spec, train_fn, infer_fn):
+    """``(state, f_train(state, seq), f_inf(state, prompts, lens, r2t, zeros, slots))``: ``train_fn(target,
+    drafter, seq)`` and ``infer_fn(target, drafter, spec, ...)`` jitted with the models split once."""
     import jax
-    import numpy as np
     from flax import nnx
 
-    from jaxspec.config import SpecConfig
-    from jaxspec.demo import load_model_setup
-    from jaxspec.engine import Engine
+    graphdef, state = nnx.split((target, drafter))
+    f_train = jax.jit(lambda s, t: train_fn(*nnx.merge(graphdef, s), t))
+    f_inf = jax.jit(lambda s, pr, ln, r2t, z, n: infer_fn(*nnx.merge(graphdef, s), spec, pr, ln, r2t, z, n),
+                    static_argnums=(5,))
+    return state, f_train, f_inf
 
-    setup = load_model_setup(args.head, args.num_prompts)
+
+def prefix_drafts(f_inf, state, seq, starts, spec, rows: int, width: int):
+    """``(drafts i32[len(starts), S], c)``: the inference side's drafts after every prefix ``seq[:c]`` (``c`` in
+    ``starts``), checked: each paged prefill's first token is the greedy reply's ``seq[c]``."""
+    import numpy as np
+
+    pr, ln, r2t = prefixes(seq, starts, spec, rows, width)
+    drafts, first = f_inf(state, pr, ln, r2t, np.zeros((rows,), np.int32), int(r2t.max()) + 1)
+    drafts, first = np.asarray(drafts)[:len(starts)], np.asarray(first)[:len(starts)]
+    c = np.asarray(starts)
+    assert (first == seq[c]).all(), "paged prefill's first token differs from the greedy reply"
+    return drafts, c
+
+
+def main(argv=None):
+    ap = check_parser("draft_consistency.py", __doc__, "eagle3", 4)
+    ap.add_argument("--synth", action="store_true", help="also self-synthesized user turns (train_draft's recipe)")
+    args = ap.parse_args(argv)
+    setup, spec, eng = load_check(args, "eagle3")
     target, drafter = setup.target, setup.drafter
-    head = drafter.model
-    spec = SpecConfig(3, 1, 4)
-    eng = Engine(target, None, max_context=256, page_size=16, max_batch=args.num_prompts, eos_id=setup.eos_id)
+    import numpy as np
+
     sets = {"chat": [np.asarray(p, np.int32) for p in setup.prompts]}
     if args.synth:
-        from jaxspec.models import fetch_model
-        from jaxspec.train_draft import chatml_ids
+        from jaxspec.data.self_distill import chatml_ids
 
-        user, asst, _ = chatml_ids(str(fetch_model("smollm2-135m-instruct", quiet=True)))
+        user, asst, _ = chatml_ids(setup.gguf)
         users = eng.generate([np.asarray(user, np.int32)] * args.num_prompts, 48, temperature=1.0, top_p=0.95,
                              seed=list(range(args.num_prompts)))
         synth = []
@@ -108,10 +115,8 @@ def main(argv=None):
             u = u[:u.index(setup.eos_id)] if setup.eos_id in u else u
             synth.append(np.asarray(list(user) + u + list(asst), np.int32))
         sets["synth"] = synth
-    graphdef, state = nnx.split((target, drafter))
-    f_train = jax.jit(lambda s, t: train_side(nnx.merge(graphdef, s)[1].model, nnx.merge(graphdef, s)[0], t))
-    f_inf = jax.jit(lambda s, pr, ln, r2t, z, n: inference_side(*nnx.merge(graphdef, s), spec, pr, ln, r2t, z, n),
-                    static_argnums=(5,))
+    state, f_train, f_inf = jitted_sides(target, drafter, spec, lambda t, d, seq: train_side(d.model, t, seq),
+                                         inference_side)
     rows, width = args.new_tokens, 192
     for name, prompts in sets.items():
         replies = eng.generate(prompts, args.new_tokens)
@@ -122,11 +127,7 @@ def main(argv=None):
             rs = len(p)
             starts = tuple(range(rs, len(seq) - 2))  # prefix c: tokens[c] is the target's, draft0 predicts tokens[c + 1]
             tr = np.asarray(f_train(state, seq))
-            pr, ln, r2t = prefixes(seq, starts, spec, rows, width)
-            drafts, first = f_inf(state, pr, ln, r2t, np.zeros((rows,), np.int32), int(r2t.max()) + 1)
-            drafts, first = np.asarray(drafts)[:len(starts)], np.asarray(first)[:len(starts)]
-            c = np.asarray(starts)
-            assert (first == seq[c]).all(), "paged prefill's first token differs from the greedy reply"
+            drafts, c = prefix_drafts(f_inf, state, seq, starts, spec, rows, width)
             t0, i0, true1 = tr[0, c - 1], drafts[:, 0], seq[c + 1]
             ok = i0 == true1
             c2 = c[c + 2 < len(seq)]

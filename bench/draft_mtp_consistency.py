@@ -2,7 +2,7 @@
 
 ``.venv/bin/python bench/draft_mtp_consistency.py [--head DIR] [--num-prompts 3] [--new-tokens 64]``
 
-SmolLM2 (f32) answers the demo's chat prompts greedily. Train side: ``jaxspec.train_draft.mtp_losses``' forward
+SmolLM2 (f32) answers the demo's chat prompts greedily. Train side: ``jaxspec.models.distill.mtp_step_logits``
 (step ``s`` at row ``t`` fed the step ``s - 1`` hidden and token ``t + s + 1``, predicting token ``t + s + 2``).
 Inference side: for every response prefix ``tokens[:c]``, the target's paged prefill and
 ``MTPDrafter.extend_after_prefill`` (chain ``SpecConfig(3, 1, 4)``): the drafts ``draft0, draft1, draft2``. Printed: per step,
@@ -10,28 +10,24 @@ how often the two sides agree at row ``c - 1`` (step ``s > 0`` only where ``draf
 both sides are fed the same tokens) and each side's agreement with the target's greedy tokens.
 """
 
-import _cli
-import os
-
-from draft_consistency import prefixes
+from _chat_head import check_parser, load_check
+from draft_consistency import jitted_sides, prefix_drafts
 
 
 def train_side(model, tokens, steps):
+    """Each step's draft tokens of the training forward (``jaxspec.models.distill``): ``[steps, T]`` for one
+    sequence."""
     import jax.numpy as jnp
 
-    from jaxspec.train_draft import _dense_meta, _shift
+    from jaxspec.models.distill import mtp_step_logits
 
-    toks = jnp.asarray(tokens, jnp.int32)[None]
-    meta = _dense_meta(1, toks.shape[1])
-    _, h, _ = model.forward(toks, meta, None)
-    out = []
-    for s in range(steps):
-        lg, h, _ = model.mtp_forward(s, h, _shift(toks, s + 1), meta, None)
-        out.append(jnp.argmax(lg, -1)[0])
-    return jnp.stack(out)
+    _, outs = mtp_step_logits(model, jnp.asarray(tokens, jnp.int32)[None], steps)
+    return jnp.stack([jnp.argmax(lg, -1)[0] for lg in outs])
 
 
 def inference_side(model, drafter, spec, prompts, lens, r2t, zeros, slots: int, page_size=16):
+    """``(topk_index i32[B, S], first i32[B])``: ``MTPDrafter``'s chain after the target's paged prefill of each
+    right-padded prefix, and the target's first token per prefix."""
     import jax.numpy as jnp
 
     from jaxspec import pipeline
@@ -46,30 +42,15 @@ def inference_side(model, drafter, spec, prompts, lens, r2t, zeros, slots: int, 
 
 
 def main(argv=None):
-    ap = _cli.parser("draft_mtp_consistency.py", __doc__)
-    ap.add_argument("--head", default="jaxspec/assets/heads/smollm2-135m-instruct-mtp", help="MTP head directory")
-    ap.add_argument("--num-prompts", type=int, default=3, help="chat prompts compared")
-    ap.add_argument("--new-tokens", type=int, default=64, help="greedy reply tokens per prompt")
-    args = ap.parse_args(argv)
-    os.environ.setdefault("JAX_PLATFORMS", "cpu")
-    import jax
-    import numpy as np
-    from flax import nnx
-
-    from jaxspec.config import SpecConfig
-    from jaxspec.demo import load_model_setup
-    from jaxspec.engine import Engine
-
-    setup = load_model_setup(args.head, args.num_prompts)
+    args = check_parser("draft_mtp_consistency.py", __doc__, "mtp", 3).parse_args(argv)
+    setup, spec, eng = load_check(args, "mtp")
     model, drafter = setup.target, setup.drafter
-    spec = SpecConfig(3, 1, 4)
-    eng = Engine(model, None, max_context=256, page_size=16, max_batch=args.num_prompts, eos_id=setup.eos_id)
+    import numpy as np
+
     prompts = [np.asarray(p, np.int32) for p in setup.prompts]
     replies = eng.generate(prompts, args.new_tokens)
-    graphdef, state = nnx.split((model, drafter))
-    f_train = jax.jit(lambda s, t: train_side(nnx.merge(graphdef, s)[0], t, spec.num_steps))
-    f_inf = jax.jit(lambda s, pr, ln, r2t, z, n: inference_side(*nnx.merge(graphdef, s), spec, pr, ln, r2t, z, n),
-                    static_argnums=(5,))
+    state, f_train, f_inf = jitted_sides(model, drafter, spec, lambda m, d, seq: train_side(m, seq, spec.num_steps),
+                                         inference_side)
     rows, width = args.new_tokens, 192
     agree, acc_t, acc_i, count = (np.zeros(spec.num_steps) for _ in range(4))
     for p, r in zip(prompts, replies.tokens):
@@ -78,11 +59,7 @@ def main(argv=None):
         if not starts:
             continue
         tr = np.asarray(f_train(state, seq))
-        pr, ln, r2t = prefixes(seq, starts, spec, rows, width)
-        drafts, first = f_inf(state, pr, ln, r2t, np.zeros((rows,), np.int32), int(r2t.max()) + 1)
-        drafts, first = np.asarray(drafts)[:len(starts)], np.asarray(first)[:len(starts)]
-        c = np.asarray(starts)
-        assert (first == seq[c]).all(), "paged prefill's first token differs from the greedy reply"
+        drafts, c = prefix_drafts(f_inf, state, seq, starts, spec, rows, width)
         ok = np.ones(len(c), bool)
         for s in range(spec.num_steps):
             t_s, i_s, true = tr[s, c - 1][ok], drafts[ok, s], seq[c + 1 + s][ok]

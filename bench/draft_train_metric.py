@@ -3,16 +3,18 @@ and on the demo's chat prompts, split by where in the response the predicted tok
 
 ``.venv/bin/python bench/draft_train_metric.py [--head DIR] [--num-prompts 8] [--response-len 256] [--seed 1]``
 
-Train-like: ``jaxspec.train_draft``'s data stage on this machine (f32; ``--seed`` other than the shipped head's 0
+Train-like: the training data stage (``jaxspec.data.self_distill``) on this machine (f32; ``--seed`` other than the shipped head's 0
 gives conversations it has not seen), greedy for the first half, T=0.7 for the rest. Chat: the demo's prompts
 (SmolLM2's chat template), greedy replies of ``--response-len`` tokens. Per set: ``eagle3_losses``' accept per
 step (what training logs), then step 0's agreement by response-position bucket and by greedy / sampled rows.
 """
 
-import _cli
 import os
 import sys
 import tempfile
+
+import _cli
+from _chat_head import load_chat_head
 
 
 def main(argv=None):
@@ -34,16 +36,15 @@ def main(argv=None):
     import numpy as np
     from flax import nnx
 
-    from jaxspec.demo import PROMPTS, load_model_setup
+    from jaxspec.data.chat_prompts import CHAT_PROMPTS as PROMPTS
+    from jaxspec.data.self_distill import chatml_ids, generate_data, load_data, response_mask
     from jaxspec.engine import Engine
-    from jaxspec.models import fetch_model
-    from jaxspec.train_draft import (_shift, chatml_ids, eagle3_losses, eagle3_step_logits,
-                                     generate_data, load_data, response_mask)
+    from jaxspec.models.distill import eagle3_losses, eagle3_step_logits, shift_rows
 
-    setup = load_model_setup(args.head, len(PROMPTS))
+    setup = load_chat_head(args.head, "eagle3", len(PROMPTS))
     target, head = setup.target, setup.drafter.model
     want = set(args.sets.split(","))
-    user, asst, eot = chatml_ids(str(fetch_model("smollm2-135m-instruct", quiet=True)))
+    user, asst, eot = chatml_ids(setup.gguf)
     sets = {}
     if "train-like" in want:
         out = args.out or tempfile.mkdtemp(prefix="draft_metric_")
@@ -56,7 +57,7 @@ def main(argv=None):
     if "chat-user-only" in want:
         from jaxspec.text import Tokenizer
 
-        tok = Tokenizer.from_file(str(fetch_model("smollm2-135m-instruct", quiet=True)))
+        tok = Tokenizer.from_file(setup.gguf)
         chats["chat-user-only"] = [list(user) + tok.encode(t, add_special_tokens=False) + list(asst) for t in PROMPTS]
     for name, prompts in chats.items():
         if name not in want:
@@ -79,8 +80,8 @@ def main(argv=None):
         tg, hd = nnx.merge(graphdef, st)
         _, acc = eagle3_losses(hd, tg, toks, msk, k)
         logits, (s0, *_) = eagle3_step_logits(hd, tg, toks, 1)
-        hit = hd.token_ids[...][jnp.argmax(s0, -1)] == _shift(jnp.argmax(logits, -1), 1)
-        return acc, hit, _shift(msk, 2)
+        hit = hd.token_ids[...][jnp.argmax(s0, -1)] == shift_rows(jnp.argmax(logits, -1), 1)
+        return acc, hit, shift_rows(msk, 2)
 
     for name, (toks, ln, start, greedy) in sets.items():
         msk = response_mask(toks, ln, start)

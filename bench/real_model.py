@@ -34,6 +34,7 @@ import sys
 import time
 
 import _cli
+from _rows import Run
 
 CONFIGS = {  # name -> (drafter, spec list, adaptive)
     "eagle3-chain3": ("eagle3", [(3, 1, 4)], False),
@@ -50,7 +51,7 @@ def _parse(argv):
     ap.add_argument("--model", required=True, help="a .gguf file or a Hugging Face checkpoint directory")
     ap.add_argument("--questions", required=True, help="MT-Bench question.jsonl (first turns are the prompts)")
     ap.add_argument("--eagle3", default=None, help="EAGLE-3 head directory (jaxspec.models.load_eagle3)")
-    ap.add_argument("--mtp", default=None, help="MTP head directory (jaxspec.train_draft.load_mtp_head)")
+    ap.add_argument("--mtp", default=None, help="MTP head directory (jaxspec.models.load_mtp_head)")
     ap.add_argument("--parts", default="plain,spec,hf", help="comma list of parts: plain, spec, hf")
     ap.add_argument("--configs", default=",".join(CONFIGS), help=f"comma list of {sorted(CONFIGS)}")
     ap.add_argument("--batches", default="1,8,32", help="comma list of batch sizes for tokens/s")
@@ -71,27 +72,6 @@ def _parse(argv):
     ap.add_argument("--json", default=None, help="write the rows here (after every row)")
     ap.add_argument("--png", default=None, help="plot: speed-up over plain per config and batch, accept histogram")
     return ap.parse_args(argv)
-
-
-class Run:
-    """Rows, written to ``path`` after each one; a clock for ``--budget-s``."""
-
-    def __init__(self, path, budget_s, meta):
-        self.path, self.budget_s, self.t0 = path, budget_s, time.perf_counter()
-        self.doc = dict(meta, rows=[])
-
-    def add(self, **row):
-        self.doc["rows"].append(row)
-        if self.path:
-            with open(self.path, "w") as f:
-                json.dump(self.doc, f, indent=1)
-        return row
-
-    def time_left(self) -> bool:
-        ok = self.budget_s is None or time.perf_counter() - self.t0 < self.budget_s
-        if not ok:
-            print(f"--budget-s {self.budget_s} reached: no new rows", flush=True)
-        return ok
 
 
 def prompt_ids(model_path: str, questions_path: str):
@@ -153,24 +133,19 @@ class Models:
         return self._plain
 
     def drafter(self, kind: str, max_steps: int):
-        from jaxspec.models import EAGLE3Drafter, MTPDrafter, load_eagle3, load_model
-        from jaxspec.models.eagle3 import aux_layers_from_ids
-        from jaxspec.train_draft import load_mtp_head
+        from jaxspec.models import load_target_with_head
 
-        if kind == "eagle3":
-            if self.args.eagle3 is None:
-                return None
-            if self._e3 is None:
-                head = load_eagle3(self.args.eagle3, param_dtype=self.dtype, kv_dtype=self.dtype)
-                n = self.plain().cfg.num_hidden_layers
-                target = load_model(self.args.model, param_dtype=self.dtype, kv_dtype=self.dtype,
-                                    aux_layers=aux_layers_from_ids(head.cfg.aux_layer_ids, n))
-                self._e3 = (target, EAGLE3Drafter(head, target))
-            return self._e3
-        if self.args.mtp is None:
+        head = {"eagle3": self.args.eagle3, "mtp": self.args.mtp}[kind]
+        if head is None:
             return None
-        model = load_mtp_head(self.plain(), self.args.mtp, num_draft_steps=max_steps)
-        return model, MTPDrafter(model)
+        kw = dict(param_dtype=self.dtype, kv_dtype=self.dtype)
+        if kind == "mtp":  # attached to the plain target (its weights shared)
+            return tuple(load_target_with_head(self.args.model, head, kind=kind, num_draft_steps=max_steps,
+                                               target=self.plain(), **kw)[:2])
+        if self._e3 is None:
+            self._e3 = tuple(load_target_with_head(self.args.model, head, kind=kind, head_param_dtype=self.dtype,
+                                                   head_kv_dtype=self.dtype, **kw)[:2])
+        return self._e3
 
 
 def part_plain(run, models, prompts, batches, args, eos_id=None, tokens=None, label="plain"):
@@ -354,15 +329,11 @@ def plot(doc, path):
     ax[1].set_xlabel("accept length per request (MT-Bench first turns, T=0)")
     ax[1].set_ylabel("requests")
     ax[1].legend(fontsize=8)
-    fig.suptitle(f"{doc['model']} on {doc['gpu']}")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    _cli.save_figure(fig, path, f"{doc['model']} on {doc['gpu']}")
 
 
 def main(argv=None) -> int:
-    args = _parse(sys.argv[1:] if argv is None else argv)
-    if args.device == "cpu":
-        os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    args = _cli.parse_on_device(_parse, argv)
     import jax
 
     parts = [p for p in args.parts.split(",") if p]

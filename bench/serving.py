@@ -61,6 +61,7 @@ import time
 import traceback
 
 import _cli
+from _rows import Run
 
 MODES = ("plain", "spec", "adaptive", "static", "http")
 
@@ -390,19 +391,16 @@ class Setup:
 
     def _spec_pair(self):
         """``(target, drafter)``: EAGLE-3 (the target taps its aux layers); ``--tiny``: the tiny pair's MTP."""
-        from jaxspec.models import EAGLE3Drafter, MTPDrafter, load_eagle3, load_model
-        from jaxspec.models.eagle3 import aux_layers_from_ids
+        from jaxspec.models import MTPDrafter, load_target_with_head
 
         if self.args.tiny:
             return self._tiny(), MTPDrafter(self._tiny())
         if self.args.eagle3 is None:
             raise ValueError("--eagle3: the spec and adaptive modes need an EAGLE-3 head directory")
         if "e3" not in self._cache:
-            head = load_eagle3(self.args.eagle3, param_dtype=self.dtype, kv_dtype=self.dtype)
-            n = self._plain_target().cfg.num_hidden_layers
-            target = load_model(self.args.model, param_dtype=self.dtype, kv_dtype=self.dtype,
-                                aux_layers=aux_layers_from_ids(head.cfg.aux_layer_ids, n))
-            self._cache["e3"] = (target, EAGLE3Drafter(head, target))
+            self._cache["e3"] = tuple(load_target_with_head(
+                self.args.model, self.args.eagle3, kind="eagle3", param_dtype=self.dtype, kv_dtype=self.dtype,
+                head_param_dtype=self.dtype, head_kv_dtype=self.dtype)[:2])
         return self._cache["e3"]
 
     def context(self, width: int) -> int:
@@ -444,28 +442,6 @@ class Setup:
 
 
 # ------------------------------------------------------------------------------------------------ run
-class Run:
-    """Rows, written to ``path`` after each one; a clock for ``--budget-s``."""
-
-    def __init__(self, path, budget_s, meta):
-        self.path, self.budget_s, self.t0 = path, budget_s, time.perf_counter()
-        self.doc = dict(meta, rows=[])
-
-    def add(self, row):
-        self.doc["rows"].append(row)
-        if self.path:
-            with open(self.path + ".part", "w") as f:
-                json.dump(self.doc, f, indent=1)
-            os.replace(self.path + ".part", self.path)
-        return row
-
-    def time_left(self) -> bool:
-        ok = self.budget_s is None or time.perf_counter() - self.t0 < self.budget_s
-        if not ok:
-            print(f"--budget-s {self.budget_s} reached: no new rows", flush=True)
-        return ok
-
-
 def _fmt(x, scale=1e3):
     return "-" if x is None else f"{x * scale:.1f}"
 
@@ -550,15 +526,11 @@ def plot(doc, path):
         a_.set_xlabel(f"arrival rate (req/s; inf plotted at {x_inf:g})")
         a_.set_ylabel(y)
         a_.legend(fontsize=8)
-    fig.suptitle(f"{doc['model']} on {doc['gpu']}: max_batch {doc['args']['max_batch']}")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    _cli.save_figure(fig, path, f"{doc['model']} on {doc['gpu']}: max_batch {doc['args']['max_batch']}")
 
 
 def main(argv=None) -> int:
-    args = _parse(sys.argv[1:] if argv is None else argv)
-    if args.device == "cpu":
-        os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    args = _cli.parse_on_device(_parse, argv)
     import jax
 
     rates, http_rates = parse_rates(args.rates), parse_rates(args.http_rates)

@@ -16,6 +16,8 @@ import sys
 import tempfile
 import zipfile
 
+from jaxspec.cli_help import HelpFormatter, plain
+
 _BUF = 1 << 20
 
 
@@ -95,8 +97,8 @@ def fetch_main(argv, *, prog: str, description: str, epilog: str, tag: str, fetc
     """A fetcher's command line: ``--cache``, ``--find-links`` (repeatable) and ``--quiet`` (plus what
     ``add_arguments(parser)`` adds), then ``fetch(args, cache=, find_links=, quiet=)``; prints the path it returns
     (exit 0), or ``[tag] FAILED: ...`` on stderr for a checksum, download or file error (exit 1)."""
-    ap = argparse.ArgumentParser(prog=prog, description=description, epilog=epilog,
-                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap = argparse.ArgumentParser(prog=prog, description=plain(description), epilog=epilog and plain(epilog),
+                                 formatter_class=HelpFormatter)
     if add_arguments is not None:
         add_arguments(ap)
     ap.add_argument("--cache", type=pathlib.Path, default=None,

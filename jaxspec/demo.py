@@ -34,6 +34,8 @@ import os
 import sys
 import time
 
+from jaxspec.data.chat_prompts import CHAT_PROMPTS
+
 MODEL = "smollm2-135m-instruct"
 _HERE = os.path.dirname(os.path.abspath(__file__))
 HEADS_DIR = os.path.join(_HERE, "assets", "heads")
@@ -42,15 +44,7 @@ SHIPPED_HEADS = {"eagle3": os.path.join(HEADS_DIR, f"{MODEL}-eagle3"), "mtp": os
 CONFIGS = {"chain": (3, 1, 4), "tree": (3, 2, 6)}  # SpecConfig(num_steps, topk, num_draft_tokens)
 TARGET_SPEEDUP = 1.5  # what speculation should reach over plain decoding at batch 1 on CPU
 
-# The demo's chat prompts (written for it; none from MT-Bench, HumanEval or GSM8K). Each renders to 41-46 tokens
-# through SmolLM2's chat template (its default system turn included), so they share one prefill bucket.
-PROMPTS = (
-    "Give me three short tips for keeping houseplants alive in a dark flat.",
-    "Write a friendly note inviting my neighbours to a garden party on Saturday.",
-    "In two sentences, what does a bicycle's gear system do when riding uphill?",
-    "Suggest a simple vegetarian dinner I can cook in twenty minutes.",
-    "Why do cats purr? Keep the answer short.",
-)
+PROMPTS = CHAT_PROMPTS  # the demo's chat prompts (jaxspec.data.chat_prompts: written for jaxspec)
 
 # The same demo on the H200 (SmolLM2, the shipped head, batch 1): mode -> (accept len, tokens/s). Filled from an
 # H200 run of `python -m jaxspec.demo --device gpu`; printed beside this machine's figures, labelled.
@@ -126,32 +120,19 @@ def cpu_xla_flags(current: str, jaxlib_version: str, flags: dict) -> str:
     return " ".join(([current.strip()] if current.strip() else []) + extra)
 
 
-def head_kind(path: str) -> str:
-    """``"eagle3"`` or ``"mtp"``: the layout of the draft head directory ``path``; ``ValueError`` for anything else."""
-    cfg_path = os.path.join(path, "config.json")
-    if not os.path.isfile(cfg_path):
-        raise ValueError(f"--head {path}: no config.json there (expected an EAGLE-3 or MTP head directory)")
-    with open(cfg_path) as f:
-        cfg = json.load(f)
-    if "LlamaForCausalLMEagle3" in (cfg.get("architectures") or []):
-        return "eagle3"
-    if os.path.isfile(os.path.join(path, "mtp.safetensors")) and int(cfg.get("num_nextn_predict_layers") or 0) > 0:
-        return "mtp"
-    raise ValueError(f"--head {path}: neither an EAGLE-3 checkpoint (architectures [\"LlamaForCausalLMEagle3\"]) nor "
-                     f"an MTP head (mtp.safetensors and num_nextn_predict_layers in config.json)")
-
-
 def find_head(head: str | None, shipped: dict | None = None) -> tuple[str, str]:
     """``(path, kind)`` of the draft head: ``head`` when given, else the first shipped head that exists (EAGLE-3,
     then MTP); ``FileNotFoundError`` naming what was looked for when there is none."""
+    from jaxspec.models import head_kind
+
     if head is not None:
         if not os.path.isdir(head):
             raise FileNotFoundError(f"--head {head}: no such directory")
-        return head, head_kind(head)
+        return head, head_kind(head, arg="--head")
     shipped = SHIPPED_HEADS if shipped is None else shipped
     for kind, path in shipped.items():
         if os.path.isdir(path):
-            found = head_kind(path)
+            found = head_kind(path, arg="--head")
             if found != kind:
                 raise ValueError(f"{path}: expected an {kind} head, found an {found} one")
             return path, kind
@@ -180,28 +161,20 @@ def load_model_setup(head: str | None, num_prompts: int) -> Setup:
     """SmolLM2 (fetched when missing) in float32 with the draft head ``find_head(head)`` and the chat prompts."""
     import jax.numpy as jnp
 
-    from jaxspec.models import EAGLE3Drafter, MTPDrafter, aux_layers_from_ids, fetch_model, load_eagle3, load_model
+    from jaxspec.models import fetch_model, load_target_with_head
     from jaxspec.text import Tokenizer
 
     path, kind = find_head(head)
     gguf = str(fetch_model(MODEL, quiet=True))
     tok = Tokenizer.from_file(gguf)
+    target, drafter, _ = load_target_with_head(gguf, path, kind=kind, param_dtype=jnp.float32,
+                                               num_draft_steps=max(c[0] for c in CONFIGS.values())
+                                               if kind == "mtp" else None)
     if kind == "eagle3":
-        from jaxspec.models.gguf import read_gguf_config
-
-        n_layers = read_gguf_config(gguf).num_hidden_layers
-        draft = load_eagle3(path, num_target_layers=n_layers)
-        target = load_model(gguf, param_dtype=jnp.float32, aux_layers=aux_layers_from_ids(draft.cfg.aux_layer_ids,
-                                                                                          n_layers))
-        drafter = EAGLE3Drafter(draft, target)
-        what = (f"EAGLE-3 head {_shown(path)} (1 layer, draft vocabulary {draft.cfg.draft_vocab_size}, "
-                f"aux layer ids {list(draft.cfg.aux_layer_ids)})")
+        cfg = drafter.model.cfg
+        what = (f"EAGLE-3 head {_shown(path)} (1 layer, draft vocabulary {cfg.draft_vocab_size}, "
+                f"aux layer ids {list(cfg.aux_layer_ids)})")
     else:
-        from jaxspec.train_draft import load_mtp_head
-
-        target = load_mtp_head(load_model(gguf, param_dtype=jnp.float32), path,
-                               num_draft_steps=max(c[0] for c in CONFIGS.values()))
-        drafter = MTPDrafter(target)
         what = f"MTP head {_shown(path)} ({target.num_mtp_layers} layer(s), full vocabulary)"
     texts = list(PROMPTS[:num_prompts])
     prompts = [tok.encode_chat([{"role": "user", "content": t}], add_generation_prompt=True) for t in texts]
@@ -220,14 +193,16 @@ def load_model_setup(head: str | None, num_prompts: int) -> Setup:
 
 def load_pair_setup(weights: str, num_prompts: int) -> Setup:
     """A target + MTP pair checkpoint (the toy pairs) with corpus prompts and the mock vocabulary."""
-    from jaxspec.corpus import make_prompts
-    from jaxspec.models import MockVocab, MTPDrafter, load_pair
+    import jax.numpy as jnp
 
-    model = load_pair(weights)
+    from jaxspec.corpus import make_prompts
+    from jaxspec.models import MockVocab, load_target_with_head
+
+    model, drafter, _ = load_target_with_head(weights, kind="builtin", kv_dtype=jnp.float32)
     vocab = MockVocab(vocab_size=model.vocab_size)
     texts = make_prompts(num_prompts)
     return Setup(f"pair {_shown(weights)} ({model.cfg.num_hidden_layers} layers)", model,
-                 MTPDrafter(model), [vocab.encode(t) for t in texts], texts, vocab.decode, None, set(),
+                 drafter, [vocab.encode(t) for t in texts], texts, vocab.decode, None, set(),
                  f"its {model.num_mtp_layers} MTP layers")
 
 

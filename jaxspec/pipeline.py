@@ -23,7 +23,8 @@ and features are compacted the same way (``compact_accept_to_front``); chains ne
 path already is the window front, as upstream skips the move for ``K == 1``).
 
 Also here: the metadata of the other forwards a decode loop runs (``prefill_metadata``,
-``decode_metadata``, ``root_metadata``) and ``causal_qmask``, so a loop needs nothing model-specific.
+``decode_metadata``, ``root_metadata``) and ``causal_qmask``, so a loop needs nothing model-specific; and
+``dense_metadata``, a cache-free causal forward's (training).
 """
 
 import dataclasses
@@ -129,6 +130,22 @@ def causal_qmask(batch: int, q: int) -> Bool[Array, "B Q Q"]:
     """``bool[B, Q, Q]`` lower-triangular fresh-to-fresh mask (query row ``i`` sees fresh keys ``j <= i``)."""
     m = jnp.arange(q)[:, None] >= jnp.arange(q)[None, :]
     return jnp.broadcast_to(m[None], (batch, q, q))
+
+
+def dense_metadata(batch: int, length: int) -> AttentionMetadata:
+    """Metadata of a dense causal forward with no KV cache (training, teacher forcing).
+
+    Args:
+        batch: rows ``B``.
+        length: tokens per row ``T``, at positions ``0 .. T - 1``.
+
+    Returns:
+        ``AttentionMetadata``: causal over the ``T`` fresh tokens, no committed prefix, an empty page table and
+        nothing written (``target.forward(tokens, meta, None)``).
+    """
+    pos = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32)[None], (batch, length))
+    return AttentionMetadata(positions=pos, qmask=causal_qmask(batch, length),
+                             prefix_lens=jnp.zeros((batch,), jnp.int32), page_table=jnp.zeros((batch, 0), jnp.int32))
 
 
 def _rows(req_to_token, req_pool_indices, b):

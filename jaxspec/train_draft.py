@@ -37,7 +37,11 @@ MTP (``--arch mtp``; ``jaxspec.models.mtp``): one DeepSeek-V3 MTP layer (``add_m
 ``--mtp-steps`` steps (step ``s`` predicts token ``t + s + 2`` from step ``s - 1``'s hidden and token ``t + s + 1``),
 self-distilled labels: the target's own argmax next token at row ``t + s + 1``; cross-entropy weighted
 ``0.8 ** s``. Output ``DIR/mtp``: ``config.json`` (the target's, ``num_nextn_predict_layers: 1``) and
-``mtp.safetensors`` holding only the MTP layer (``model.layers.{L}.*``, bf16); ``load_mtp_head`` attaches it.
+``mtp.safetensors`` holding only the MTP layer (``model.layers.{L}.*``, bf16); ``jaxspec.models.load_mtp_head``
+attaches it (``load_target_with_head`` loads a target with it).
+
+The data stage is ``jaxspec.data.self_distill``, the losses ``jaxspec.models.distill``; this module holds the
+training loop, its resumable state and the CLI.
 
 Both: AdamW, warmup + cosine decay, gradient clip 0.5; a fixed seed (the batch of step ``i`` is drawn from
 ``default_rng([seed, i])``, so a resumed run sees the batches of an uninterrupted one); a tqdm bar;
@@ -53,194 +57,11 @@ import time
 
 import numpy as np
 
-_CHATML_USER = "<|im_start|>user\n"
-_CHATML_ASSISTANT = "<|im_end|>\n<|im_start|>assistant\n"
-
-
-# ------------------------------------------------------------------------------------------- chat ids
-def chatml_ids(path: str) -> tuple[list[int], list[int], int]:
-    """``(user_prefix_ids, assistant_prefix_ids, end_of_turn_id)`` of a ChatML checkpoint (``<|im_start|>`` /
-    ``<|im_end|>``: a GGUF or a directory), encoded with the checkpoint's own tokenizer (``jaxspec.text``)."""
-    from jaxspec.text import Tokenizer  # noqa: PLC0415
-
-    tok = Tokenizer.from_file(path)
-    start, end = tok.token_to_id("<|im_start|>"), tok.token_to_id("<|im_end|>")
-    if start is None or end is None:
-        raise ValueError(f"{path}: not a ChatML vocabulary (no <|im_start|> / <|im_end|>): give --user-prefix-ids, "
-                         "--assistant-prefix-ids and --eot-id")
-    return (tok.encode(_CHATML_USER, add_special_tokens=False), tok.encode(_CHATML_ASSISTANT, add_special_tokens=False),
-            end)
+from jaxspec.data.self_distill import chatml_ids, generate_data, load_data, response_mask
 
 
 def _ids(s: str | None):
     return None if s is None else [int(x) for x in s.split(",") if x.strip()]
-
-
-# ------------------------------------------------------------------------------------------- data stage
-def _save_npz(path: str, **arrays) -> None:
-    tmp = path + ".tmp.npz"
-    np.savez(tmp, **arrays)
-    os.replace(tmp, path)
-
-
-def _pack(seqs, starts):
-    t = max(len(s) for s in seqs)
-    out = np.zeros((len(seqs), t), np.int32)
-    for i, s in enumerate(seqs):
-        out[i, :len(s)] = s
-    return out, np.asarray([len(s) for s in seqs], np.int32), np.asarray(starts, np.int32)
-
-
-def _unpack(d):
-    return [d["tokens"][i, :d["lens"][i]].copy() for i in range(len(d["lens"]))], list(d["resp_start"])
-
-
-def generate_data(target, out_dir: str, *, num_prompts: int, prompt_len: int, response_len: int, gen_batch: int,
-                  user_prefix: list, assistant_prefix: list, eot_id: int, greedy_fraction: float = 0.5,
-                  temperature: float = 0.7, prompt_temperature: float = 1.0, seed: int = 0,
-                  page_size: int = 16, log=print) -> str:
-    """The data stage (module docstring); returns the path of ``data.npz``. Resumes a partial file."""
-    from jaxspec.engine import Engine
-
-    path = os.path.join(out_dir, "data.npz")
-    seqs, starts = [], []
-    if os.path.exists(path):
-        with np.load(path) as d:
-            seqs, starts = _unpack(d)
-        log(f"data: resuming after {len(seqs)} conversations")
-    ctx = len(user_prefix) + prompt_len + len(assistant_prefix) + response_len + 8
-    ctx = -(-ctx // page_size) * page_size
-    eng = Engine(target, None, max_context=ctx, page_size=page_size, max_batch=gen_batch, eos_id=eot_id)
-    from tqdm import tqdm
-
-    bar = tqdm(total=num_prompts, initial=len(seqs), desc="data", mininterval=2.0)
-    while len(seqs) < num_prompts:
-        lo = len(seqs)
-        n = min(gen_batch, num_prompts - lo)
-        seeds = [(seed * 1_000_003 + lo + i) % (2**31) for i in range(n)]
-        users = eng.generate([np.asarray(user_prefix, np.int32)] * n, prompt_len, temperature=prompt_temperature,
-                             top_p=0.95, seed=seeds)
-        prompts = []
-        for u in users.tokens:
-            u = [int(x) for x in u]
-            if eot_id in u:
-                u = u[:u.index(eot_id)]
-            prompts.append(np.asarray(list(user_prefix) + u + list(assistant_prefix), np.int32))
-        n_greedy = int(round(greedy_fraction * n))
-        temps = [0.0] * n_greedy + [temperature] * (n - n_greedy)
-        resp = eng.generate(prompts, response_len, temperature=temps, seed=seeds)
-        for p, r in zip(prompts, resp.tokens):
-            seqs.append(np.concatenate([p, np.asarray(r, np.int32)]))
-            starts.append(len(p))
-        tokens, lens, rs = _pack(seqs, starts)
-        _save_npz(path, tokens=tokens, lens=lens, resp_start=rs)
-        bar.update(n)
-    bar.close()
-    return path
-
-
-def load_data(path: str):
-    with np.load(path) as d:
-        return d["tokens"].copy(), d["lens"].copy(), d["resp_start"].copy()
-
-
-def response_mask(tokens, lens, resp_start):
-    j = np.arange(tokens.shape[1])[None, :]
-    return (j >= resp_start[:, None]) & (j < lens[:, None])
-
-
-# ------------------------------------------------------------------------------------------- losses
-def _shift(x, n: int):
-    """``x[:, n:]`` padded at the end with zeros to ``x``'s length (row ``t`` gets row ``t + n``)."""
-    import jax.numpy as jnp
-
-    pad = jnp.zeros((x.shape[0], n) + x.shape[2:], x.dtype)
-    return jnp.concatenate([x[:, n:], pad], axis=1)
-
-
-def _dense_meta(b: int, t: int):
-    import jax.numpy as jnp
-
-    from jaxspec.protocols import AttentionMetadata
-    from jaxspec.pipeline import causal_qmask
-
-    pos = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32)[None], (b, t))
-    return AttentionMetadata(positions=pos, qmask=causal_qmask(b, t), prefix_lens=jnp.zeros((b,), jnp.int32),
-                             page_table=jnp.zeros((b, 0), jnp.int32))
-
-
-def eagle3_step_logits(draft, target, tokens, ttt_length: int):
-    """The training-time test's forward: ``(target_logits f32[B, T, V], [draft logits f32[B, T, Vd]] * K)`` over
-    ``tokens i32[B, T]`` (the target's dense forward, then ``ttt_forward``). Step ``k``'s row ``t`` is fed token
-    ``t + 1 + k`` and predicts token ``t + 2 + k``; column ``j`` of the draft logits is ``draft.token_ids[j]``."""
-    import jax
-    import jax.numpy as jnp
-
-    b, t = tokens.shape
-    meta = _dense_meta(b, t)
-    logits, aux, _ = target.forward(tokens, meta, None)
-    logits, aux = jax.lax.stop_gradient(logits), jax.lax.stop_gradient(aux)
-    emb = target.embed_tokens[...]
-    embs = [jax.lax.stop_gradient(emb[_shift(tokens, 1 + k)].astype(jnp.float32)) for k in range(ttt_length)]
-    outs = draft.ttt_forward(embs, draft.project(aux), meta.positions)
-    return logits, [draft.logits(out) for out in outs]
-
-
-def eagle3_losses(draft, target, tokens, mask, ttt_length: int):
-    """Per-step ``(losses f32[K], accept f32[K])`` of SpecForge's training-time test (module docstring).
-    ``tokens i32[B, T]``, ``mask bool[B, T]`` (response tokens)."""
-    import jax
-    import jax.numpy as jnp
-
-    logits, step_logits = eagle3_step_logits(draft, target, tokens, ttt_length)
-    ids = draft.token_ids[...]
-    in_draft = draft.t2d[...][jnp.argmax(logits, -1)]
-    target_p = jax.nn.softmax(logits[..., ids], axis=-1)
-    losses, accs = [], []
-    for k, lg in enumerate(step_logits):
-        lm = _shift(mask, 2 + k)  # row t predicts token t + 2 + k
-        pm = lm & _shift(in_draft, 1 + k)
-        p = _shift(target_p, 1 + k)
-        logp = jax.nn.log_softmax(lg, axis=-1)
-        n = jnp.maximum(jnp.sum(lm.astype(jnp.float32)), 1.0)
-        losses.append(-jnp.sum(jnp.where(pm, jnp.sum(p * logp, -1), 0.0)) / n)
-        hit = (jnp.argmax(lg, -1) == jnp.argmax(p, -1)) & pm
-        accs.append(jnp.sum(hit.astype(jnp.float32)) / n)
-    return jnp.stack(losses), jnp.stack(accs)
-
-
-def mtp_step_logits(model, tokens, num_steps: int):
-    """The MTP training forward: ``(target_logits f32[B, T, V], [step logits f32[B, T, V]] * S)`` over ``tokens
-    i32[B, T]`` (teacher forced: step ``s``'s row ``t`` is fed step ``s - 1``'s hidden at row ``t`` and token
-    ``t + s + 1``, and predicts token ``t + s + 2``)."""
-    import jax
-
-    b, t = tokens.shape
-    meta = _dense_meta(b, t)
-    logits, h, _ = model.forward(tokens, meta, None)
-    h = jax.lax.stop_gradient(h)
-    out = []
-    for s in range(num_steps):
-        lg, h, _ = model.mtp_forward(s, h, _shift(tokens, s + 1), meta, None)
-        out.append(lg)
-    return jax.lax.stop_gradient(logits), out
-
-
-def mtp_losses(model, tokens, mask, num_steps: int):
-    """Per-step ``(losses, accept)`` of the self-distilled MTP layer (module docstring)."""
-    import jax.numpy as jnp
-    import optax
-
-    logits, step_logits = mtp_step_logits(model, tokens, num_steps)
-    labels = jnp.argmax(logits, -1).astype(jnp.int32)
-    losses, accs = [], []
-    for s, lg in enumerate(step_logits):
-        lab, lm = _shift(labels, s + 1), _shift(mask, s + 2)
-        n = jnp.maximum(jnp.sum(lm.astype(jnp.float32)), 1.0)
-        ce = optax.softmax_cross_entropy_with_integer_labels(lg, lab)
-        losses.append(jnp.sum(jnp.where(lm, ce, 0.0)) / n)
-        accs.append(jnp.sum(((jnp.argmax(lg, -1) == lab) & lm).astype(jnp.float32)) / n)
-    return jnp.stack(losses), jnp.stack(accs)
 
 
 # ------------------------------------------------------------------------------------------- training
@@ -303,6 +124,7 @@ def train(target, tokens, mask, *, arch: str, out_dir: str, steps: int, batch: i
     from flax import nnx
     from tqdm import tqdm
 
+    from jaxspec.models.distill import eagle3_losses, mtp_losses
     from jaxspec.models.eagle3 import EAGLE3Model, Eagle3Config, draft_vocab_from_counts
     from jaxspec.models.mtp import add_mtp_layers
 
@@ -437,68 +259,48 @@ def save_mtp_head(model, path: str, *, dtype=None) -> None:
     save_file(tensors, os.path.join(path, "mtp.safetensors"), metadata={"format": "pt"})
 
 
-def load_mtp_head(target, path: str, *, num_draft_steps: int | None = None):
-    """``target`` (a ``Decoder``) with the MTP layers of ``save_mtp_head``'s ``path`` attached (an ``MTPModel``)."""
-    import jax.numpy as jnp
-    from flax import nnx
-    from safetensors.numpy import load_file
-
-    from jaxspec.models.checkpoint import hf_tensors
-    from jaxspec.models.mtp import add_mtp_layers
-
-    with open(os.path.join(path, "config.json")) as f:
-        n = int(json.load(f).get("num_nextn_predict_layers", 0))
-    if n < 1:
-        raise ValueError(f"{path}: config.json has no num_nextn_predict_layers")
-    model = add_mtp_layers(target, n, rngs=nnx.Rngs(0), num_draft_steps=num_draft_steps)
-    found = load_file(os.path.join(path, "mtp.safetensors"))
-    for key, var in nnx.to_flat_state(nnx.state(model.mtp_layers, nnx.Param)):
-        parts, transpose = hf_tensors(("mtp_layers",) + tuple(key), model.cfg)
-        missing = [nm for nm, _ in parts if nm not in found]
-        if missing:
-            raise ValueError(f"{path}: missing tensors {missing}")
-        arr = np.concatenate([found[nm].astype(np.float32) for nm, _ in parts], axis=0)
-        arr = arr.T if transpose else arr
-        if arr.shape != tuple(var.get_value().shape):
-            raise ValueError(f"{path}: {parts[0][0]}: expected shape {tuple(var.get_value().shape)}, got {arr.shape}")
-        var.set_value(jnp.asarray(arr).astype(model.param_dtype))
-    return model
-
-
 # ------------------------------------------------------------------------------------------- CLI
 def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m jaxspec.train_draft",
-                                 description="Train an EAGLE-3 or MTP draft head for a frozen target by self-distillation "
-                                             "(data stage: the target's own conversations; train stage: the head).")
+    from jaxspec.cli_help import HelpFormatter  # noqa: PLC0415
+
+    ap = argparse.ArgumentParser(prog="python -m jaxspec.train_draft", formatter_class=HelpFormatter,
+                                 description="Train an EAGLE-3 or MTP draft head for a frozen target by "
+                                             "self-distillation (data stage: the target's own conversations; train "
+                                             "stage: the head).")
     ap.add_argument("--target", required=True, help="target checkpoint: HF directory or llama .gguf")
-    ap.add_argument("--arch", choices=("eagle3", "mtp"), required=True)
+    ap.add_argument("--arch", choices=("eagle3", "mtp"), required=True, help="the draft head to train")
     ap.add_argument("--out", required=True, metavar="DIR", help="output directory (data.npz, train_state/, head)")
-    ap.add_argument("--stage", choices=("data", "train", "all"), default="all")
-    ap.add_argument("--device", choices=("auto", "cpu", "gpu"), default="auto")
+    ap.add_argument("--stage", choices=("data", "train", "all"), default="all",
+                    help="data: generate DIR/data.npz; train: train the head on it; all: both")
+    ap.add_argument("--device", choices=("auto", "cpu", "gpu"), default="auto",
+                    help="JAX platform (auto: JAX's default backend)")
     ap.add_argument("--dtype", choices=("auto", "bfloat16", "float32"), default="auto",
                     help="target/head compute dtype (auto: bf16 on GPU, f32 on CPU)")
-    ap.add_argument("--num-prompts", type=int, default=2048)
+    ap.add_argument("--num-prompts", type=int, default=2048, help="conversations generated by the data stage")
     ap.add_argument("--prompt-len", type=int, default=64, help="max tokens of a synthesized user turn")
-    ap.add_argument("--response-len", type=int, default=256)
+    ap.add_argument("--response-len", type=int, default=256, help="max tokens of a response")
     ap.add_argument("--gen-batch", type=int, default=128, help="conversations per generation call")
-    ap.add_argument("--greedy-fraction", type=float, default=0.5)
+    ap.add_argument("--greedy-fraction", type=float, default=0.5,
+                    help="share of each generation batch answered greedily (the rest sampled at --temperature)")
     ap.add_argument("--temperature", type=float, default=0.7, help="sampled responses' temperature")
-    ap.add_argument("--prompt-temperature", type=float, default=1.0)
+    ap.add_argument("--prompt-temperature", type=float, default=1.0,
+                    help="synthesized user turns' temperature (top-p 0.95)")
     ap.add_argument("--user-prefix-ids", help="comma-separated ids (default: ChatML from the checkpoint's tokenizer)")
-    ap.add_argument("--assistant-prefix-ids", help="comma-separated ids between the user turn and the response")
-    ap.add_argument("--eot-id", type=int, help="end-of-turn token id")
-    ap.add_argument("--steps", type=int, default=2000)
-    ap.add_argument("--batch", type=int, default=64)
-    ap.add_argument("--lr", type=float, default=5e-4)
+    ap.add_argument("--assistant-prefix-ids",
+                    help="comma-separated ids between the user turn and the response (default: ChatML)")
+    ap.add_argument("--eot-id", type=int, help="end-of-turn token id (default: ChatML's <|im_end|>)")
+    ap.add_argument("--steps", type=int, default=2000, help="optimizer steps")
+    ap.add_argument("--batch", type=int, default=64, help="sequences per optimizer step")
+    ap.add_argument("--lr", type=float, default=5e-4, help="peak learning rate (warmup, then cosine decay to lr/10)")
     ap.add_argument("--draft-vocab", type=int, default=8192,
                     help="EAGLE-3 draft vocabulary (the head is ~(5.1M + 576 * Vd) bf16 values for SmolLM2: 19.6 MB "
-                         "at 8192, 29 MB at 16384) (default: %(default)s)")
-    ap.add_argument("--ttt-length", type=int, default=7)
-    ap.add_argument("--mtp-steps", type=int, default=3)
+                         "at 8192, 29 MB at 16384)")
+    ap.add_argument("--ttt-length", type=int, default=7, help="EAGLE-3 training-time test steps unrolled")
+    ap.add_argument("--mtp-steps", type=int, default=3, help="MTP draft steps the one MTP layer is trained over")
     ap.add_argument("--aux-layer-ids", help="EAGLE-3 ids (layer outputs, SGLang's convention); default SGLang's")
-    ap.add_argument("--ckpt-every", type=int, default=200)
-    ap.add_argument("--log-every", type=int, default=10)
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--ckpt-every", type=int, default=200, help="steps between training checkpoints")
+    ap.add_argument("--log-every", type=int, default=10, help="steps between logged losses and accept rates")
+    ap.add_argument("--seed", type=int, default=0, help="data and training seed")
     return ap
 
 

@@ -7,6 +7,11 @@ Layers, bottom up: the kernels (``jaxspec.kernels``, needing nothing else of the
 triton or transformers). No module imports a module of a higher layer, and no modules import each other in a
 circle. Each rule is a function of the sources, run on the real tree and on a copy with a planted violation
 (each rule must catch its violation).
+
+Above the library sit the apps (``APPS``: the demo, the trainers, the CLIs): no module of the package imports
+one, and neither does a script under ``bench/``; the folders of the package (its subpackages and top-level
+modules) import each other one way only, and ``jaxspec.text`` (tokenizer, chat templates, text generation) sits
+above ``jaxspec.models``: the models deal in token ids and never import it.
 """
 
 import ast
@@ -140,7 +145,7 @@ def cycle_violations(sources) -> list[str]:
 # folder -> package prefixes it must never import, on top of the layer rule
 FORBIDDEN = {
     "jaxspec.ops": ("jaxspec.engine", "jaxspec.models"),
-    "jaxspec.models": ("jaxspec.engine",),
+    "jaxspec.models": ("jaxspec.engine", "jaxspec.text"),  # text is above the models, never below
     "jaxspec.engine": ("jaxspec.models",),  # the engine knows the protocols, never a concrete model
     "jaxspec.pipeline": ("jaxspec.models",),
     "jaxspec.protocols": ("jaxspec.models", "jaxspec.engine", "jaxspec.pipeline", "jaxspec.ops"),
@@ -158,6 +163,49 @@ def forbidden_violations(sources) -> list[str]:
                 bad += [f"{path}:{line} imports {mod}" for line, mod in imports(name, sources)
                         if any(_in(mod, p) for p in banned)]
     return bad
+
+
+# The app modules: programs (a main, argument parsing, printing) on top of the library. Each console script of
+# pyproject.toml is one of them or one of LIBRARY_CLIS (a library module with a small CLI of its own).
+APPS = ("jaxspec.demo", "jaxspec.train_draft", "jaxspec.train_tiny", "jaxspec.serve.cli", "jaxspec.serve.__main__",
+        "jaxspec.interop.check", "jaxspec.interop.check_model", "jaxspec.interop.fetch")
+LIBRARY_CLIS = ("jaxspec.models.fetch",)  # fetch_model is the library's; its main fetches by name
+
+
+def app_violations(sources, importers=None) -> list[str]:
+    """An import of an app module by a module of ``importers`` (default: every module of the package). A
+    package's ``__main__`` may run its own CLI (``python -m jaxspec.serve`` runs ``jaxspec.serve.cli``)."""
+    bad = []
+    for name in sorted(sources if importers is None else importers):
+        path = sources[name][0]
+        for line, mod in imports(name, sources):
+            app = next((a for a in APPS if _in(mod, a)), None)
+            if app is None or app == name:
+                continue
+            if name.endswith(".__main__") and app.rsplit(".", 1)[0] == name.rsplit(".", 1)[0]:
+                continue
+            bad.append(f"{path}:{line} ({name}) imports the app module {app}")
+    return bad
+
+
+def folder(mod: str) -> str:
+    """The folder a module belongs to: ``jaxspec.models.heads`` -> ``jaxspec.models``, ``jaxspec.demo`` itself."""
+    return ".".join(mod.split(".")[:2])
+
+
+def folder_violations(sources) -> list[str]:
+    """Folders of the package that import each other (directly or round a circle of folders)."""
+    graph: dict[str, set[str]] = {}
+    for name in sources:
+        for _, mod in imports(name, sources):
+            if _in(mod, "jaxspec") and folder(mod) != folder(name):
+                graph.setdefault(folder(name), set()).add(folder(mod))
+    return [" <-> ".join(c) + " (folders)" for c in cycles(graph)]
+
+
+def bench_sources(root: Path = ROOT) -> dict[str, tuple[str, str]]:
+    """Every script of ``bench/`` as ``bench.<name>`` -> (path relative to the root, source)."""
+    return {f"bench.{f.stem}": (str(f.relative_to(root)), f.read_text()) for f in sorted((root / "bench").glob("*.py"))}
 
 
 # backend module -> the one Pallas lowering it may import (jaxspec/kernels/_backend.py resolves among them)
@@ -229,8 +277,9 @@ def implementation_type_violations(sources) -> list[str]:
     return bad
 
 
-RULES = {"implementation_type": implementation_type_violations, "layers": layer_violations, "cycles": cycle_violations, "forbidden": forbidden_violations,
-         "backends": backend_violations, "interop_style": interop_style_violations}
+RULES = {"implementation_type": implementation_type_violations, "layers": layer_violations, "cycles": cycle_violations,
+         "forbidden": forbidden_violations, "backends": backend_violations, "interop_style": interop_style_violations,
+         "apps": app_violations, "folders": folder_violations}
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -261,8 +310,35 @@ def test_rule_holds_on_the_tree(rule, sources):
 def test_every_rule_names_modules_that_exist(sources):
     """A renamed module must not leave a rule that silently matches nothing."""
     named = list(FORBIDDEN) + [p for banned in FORBIDDEN.values() for p in banned] + list(BACKEND_MODULES)
-    named += [n for n, _ in PRIVATE_ALLOWED]
+    named += [n for n, _ in PRIVATE_ALLOWED] + list(APPS) + list(LIBRARY_CLIS)
     assert not [n for n in named if not any(_in(m, n) for m in sources)]
+
+
+def test_every_console_script_is_an_app_or_a_library_cli():
+    """A new console script is classified: an app (nothing may import it) or a library module's CLI."""
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    mods = {v.split(":")[0] for v in scripts.values()}
+    assert mods <= set(APPS) | set(LIBRARY_CLIS), sorted(mods - set(APPS) - set(LIBRARY_CLIS))
+
+
+def _with_bench(sources, bench):
+    return {**sources, **bench}
+
+
+def test_bench_scripts_import_no_app(sources):
+    """The benchmarks use the library only (their siblings in bench/ are fine)."""
+    bench = bench_sources()
+    assert "bench.draft_consistency" in bench and "bench.real_model" in bench
+    bad = app_violations(_with_bench(sources, bench), importers=bench)
+    assert not bad, "\n".join(bad)
+
+
+@pytest.mark.parametrize("line", ["from jaxspec.demo import PROMPTS", "def f():\n    from jaxspec import train_draft",
+                                  "import jaxspec.serve.cli"])
+def test_a_bench_script_importing_an_app_is_caught(line, sources):
+    bench = _plant(bench_sources(), "bench.draft_consistency", line)
+    bad = app_violations(_with_bench(sources, bench), importers=bench)
+    assert any(b.startswith("bench/draft_consistency.py:") and "imports the app module" in b for b in bad), bad
 
 
 def test_interop_has_no_import_circle_and_the_registry_sits_below_the_harness(sources):
@@ -311,6 +387,17 @@ PLANTED = [  # (rule, module, planted source, what the violation names)
     ("interop_style", "jaxspec.interop.harness", "X = 1\nimport os", "module-level import after code"),
     ("interop_style", "jaxspec.interop.check", "from jaxspec.kernels.kv_move import _move", "imports private"),
     ("interop_style", "jaxspec.interop.check", "Y = registry._OPS", "uses private registry._OPS"),
+    ("forbidden", "jaxspec.models.heads", "from jaxspec.text.tokenizer import Tokenizer",
+     "jaxspec.text.tokenizer"),
+    ("apps", "jaxspec.serve.cli", "def f():\n    from jaxspec.demo import head_kind",
+     "imports the app module jaxspec.demo"),
+    ("apps", "jaxspec.models.heads", "from jaxspec import train_draft", "imports the app module jaxspec.train_draft"),
+    ("apps", "jaxspec.interop.check", "from jaxspec.interop.check_model import main",
+     "imports the app module jaxspec.interop.check_model"),
+    ("apps", "jaxspec.serve.__main__", "import jaxspec.train_tiny", "imports the app module jaxspec.train_tiny"),
+    ("folders", "jaxspec.models.decoder", "from jaxspec.text import tokenizer", "jaxspec.models <-> jaxspec.text"),
+    ("folders", "jaxspec.engine.engine", "def f():\n    from jaxspec.serving import core",
+     "jaxspec.engine <-> jaxspec.serving"),
 ]
 
 

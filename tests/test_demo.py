@@ -17,7 +17,7 @@ from jaxspec import demo
 from jaxspec.config import SpecConfig
 from jaxspec.engine import Engine
 from jaxspec.models import DEFAULT_WEIGHTS, Decoder, DecoderConfig, EAGLE3Drafter, EAGLE3Model, Eagle3Config
-from jaxspec.models import aux_layers_from_ids
+from jaxspec.models import aux_layers_from_ids, head_kind
 
 
 def _eagle3_dir(path):
@@ -51,12 +51,12 @@ def test_find_head_prefers_the_shipped_eagle3_head(tmp_path):
 
 
 def test_head_kind_refuses_other_directories(tmp_path):
-    with pytest.raises(ValueError, match="no config.json"):
-        demo.head_kind(str(tmp_path))
+    with pytest.raises(ValueError, match="--head .*: no config.json"):
+        head_kind(str(tmp_path), arg="--head")
     with open(tmp_path / "config.json", "w") as f:
         json.dump({"architectures": ["LlamaForCausalLM"]}, f)
     with pytest.raises(ValueError, match="neither an EAGLE-3"):
-        demo.head_kind(str(tmp_path))
+        head_kind(str(tmp_path))
     shipped = {"eagle3": _mtp_dir(tmp_path / "wrong"), "mtp": str(tmp_path / "m")}
     with pytest.raises(ValueError, match="expected an eagle3 head"):
         demo.find_head(None, shipped)

@@ -30,7 +30,7 @@ from jaxspec.models.mtp import add_mtp_layers
 from jaxspec.models.mtp_drafter import MTPDrafter
 from jaxspec.protocols import AttentionMetadata, make_req_to_token
 from jaxspec.pipeline import causal_qmask
-from jaxspec.train_draft import _dense_meta, eagle3_step_logits, mtp_step_logits
+from jaxspec.models.distill import eagle3_step_logits, mtp_step_logits
 
 V, H, F, HQ, HKV, E, VD, L = 64, 32, 64, 4, 2, 8, 48, 3
 TARGET = DecoderConfig(vocab_size=V, hidden_size=H, intermediate_size=F, num_hidden_layers=L, num_attention_heads=HQ,
@@ -124,7 +124,7 @@ def test_step1_is_sglangs_draft_decode_and_training_is_specforges(pair):
     ids = np.asarray(head.token_ids[...])
     starts = list(range(2, T - 2))
     st, drafts = _prefill_drafts(target, drafter, tokens, starts, SpecConfig(2, 1, 3))
-    _, aux, _ = target.forward(jnp.asarray(tokens)[None], _dense_meta(1, T), None)
+    _, aux, _ = target.forward(jnp.asarray(tokens)[None], pipeline.dense_metadata(1, T), None)
     h0 = head.project(aux)  # [1, T, H]
     emb = target.embed_tokens[...].astype(jnp.float32)
     step0_in = emb[np.roll(tokens, -1)][None]  # row t fed token t + 1

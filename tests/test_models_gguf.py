@@ -339,7 +339,7 @@ def test_load_model_gguf_arguments(tmp_path):
 def test_convert_to_hf_directory(tmp_path, dtype, capsys):
     """convert writes config.json + model.safetensors + generation_config.json; the directory loads to the GGUF's
     Decoder bit for bit (f32: the same logits; bf16: the same bf16 tensors)."""
-    from jaxspec.models import convert
+    from jaxspec import convert
 
     _, hf = random_hf(CFG, tmp_path)
     src = tmp_path / "c.gguf"

@@ -152,7 +152,7 @@ def test_cli_prompts_file_and_json(tiny, tmp_path, capsys):
 
 def test_converted_directory_matches_transformers(tiny, tmp_path):
     """The directory convert writes is a checkpoint transformers loads on its own (no GGUF involved)."""
-    from jaxspec.models.convert import convert_gguf
+    from jaxspec.convert import convert_gguf
 
     d = convert_gguf(tiny["Q4_1"], tmp_path / "hf")
     res = check_model(str(d), batch=2, prompt_len=10, new_tokens=12)
@@ -188,9 +188,9 @@ def test_smollm2_f32_matches_transformers(smollm2):
 
 @pytest.mark.slow
 def test_smollm2_converted_directory_matches_transformers(smollm2, tmp_path):
-    """The directory python -m jaxspec.models.convert writes, read by transformers as a plain checkpoint: the
+    """The directory python -m jaxspec.convert writes, read by transformers as a plain checkpoint: the
     same 8 prompts x 64 tokens identical in f32."""
-    from jaxspec.models.convert import convert_gguf
+    from jaxspec.convert import convert_gguf
 
     path, prompts = smollm2
     d = convert_gguf(path, tmp_path / "hf")
@@ -233,7 +233,7 @@ def test_smollm2_converted_directory_carries_the_tokenizer(tmp_path):
     tokenizer back to the GGUF's encodings and chat prompt, and its stop token."""
     import transformers
 
-    from jaxspec.models.convert import convert_gguf
+    from jaxspec.convert import convert_gguf
     from jaxspec.models.fetch import fetch_model
     from jaxspec.text import Tokenizer
 

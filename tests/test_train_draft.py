@@ -15,6 +15,8 @@ from jaxspec.models import Decoder, DecoderConfig, MTPDrafter, load_model, save_
 from jaxspec.models.eagle3 import aux_layers_from_ids, load_eagle3
 from jaxspec.models.eagle3_drafter import EAGLE3Drafter
 from jaxspec import train_draft as td
+from jaxspec.data import self_distill
+from jaxspec.models import load_mtp_head
 
 # Every test here compiles the engine and/or a training step on the tiny target: minutes on a 2-core CPU.
 pytestmark = pytest.mark.slow
@@ -46,7 +48,7 @@ def data_dir(target_dir, tmp_path_factory):
 
 
 def test_data_stage_is_the_targets_own_greedy_and_sampled_replies(data_dir, target_dir):
-    tokens, lens, rs = td.load_data(os.path.join(data_dir, "data.npz"))
+    tokens, lens, rs = self_distill.load_data(os.path.join(data_dir, "data.npz"))
     assert tokens.shape[0] == 24 and (rs > 2).all() and (lens > rs).all()
     assert all(list(tokens[i, :2]) == [1, 2] for i in range(24))  # the user prefix only, then the model's turn
     # Row 0 of each generation batch is greedy: its reply is the target's greedy continuation of its prompt.
@@ -58,13 +60,13 @@ def test_data_stage_is_the_targets_own_greedy_and_sampled_replies(data_dir, targ
 
 
 def test_data_stage_resumes_after_the_last_complete_batch(data_dir, target_dir, tmp_path):
-    tokens, lens, rs = td.load_data(os.path.join(data_dir, "data.npz"))
+    tokens, lens, rs = self_distill.load_data(os.path.join(data_dir, "data.npz"))
     seqs = [tokens[i, :lens[i]] for i in range(16)]
-    packed, l2, r2 = td._pack(seqs, rs[:16])
-    td._save_npz(str(tmp_path / "data.npz"), tokens=packed, lens=l2, resp_start=r2)
+    packed, l2, r2 = self_distill._pack(seqs, rs[:16])
+    self_distill._save_npz(str(tmp_path / "data.npz"), tokens=packed, lens=l2, resp_start=r2)
     td.main(["--target", target_dir, "--arch", "eagle3", "--out", str(tmp_path), "--stage", "data",
              "--num-prompts", "24", "--gen-batch", "8", "--prompt-len", "6", "--response-len", "24", *COMMON])
-    t2, l3, r3 = td.load_data(str(tmp_path / "data.npz"))
+    t2, l3, r3 = self_distill.load_data(str(tmp_path / "data.npz"))
     np.testing.assert_array_equal(l3, lens)
     np.testing.assert_array_equal(t2[:, :tokens.shape[1]], tokens)
 
@@ -80,7 +82,7 @@ def test_eagle3_training_lowers_the_loss_and_the_head_accepts_drafts_losslessly(
     assert np.asarray(curves["accept"])[-1, 0] > 0.5
     head = load_eagle3(os.path.join(data_dir, "eagle3"), kv_dtype=jnp.float32)
     target = load_model(target_dir, aux_layers=aux_layers_from_ids(IDS, 3), kv_dtype=jnp.float32)
-    tokens, lens, rs = td.load_data(os.path.join(data_dir, "data.npz"))
+    tokens, lens, rs = self_distill.load_data(os.path.join(data_dir, "data.npz"))
     prompts = [tokens[i, :rs[i]] for i in (0, 9, 17)]
     kw = dict(max_context=96, page_size=16, max_batch=4, eos_id=None)
     plain = Engine(target, None, **kw).generate(prompts, 24)
@@ -98,8 +100,8 @@ def test_mtp_training_lowers_the_loss_and_drives_the_engine(data_dir, target_dir
     with open(tmp_path / "curves.json") as f:
         loss = np.asarray(json.load(f)["loss"])
     assert loss[-1, 0] < 0.7 * loss[0, 0], loss[:, 0]
-    model = td.load_mtp_head(load_model(target_dir, kv_dtype=jnp.float32), str(tmp_path / "mtp"), num_draft_steps=2)
-    tokens, lens, rs = td.load_data(str(tmp_path / "data.npz"))
+    model = load_mtp_head(load_model(target_dir, kv_dtype=jnp.float32), str(tmp_path / "mtp"), num_draft_steps=2)
+    tokens, lens, rs = self_distill.load_data(str(tmp_path / "data.npz"))
     prompts = [tokens[i, :rs[i]] for i in (0, 9)]
     kw = dict(max_context=96, page_size=16, max_batch=2)
     plain = Engine(model, None, **kw).generate(prompts, 16)
@@ -110,8 +112,8 @@ def test_mtp_training_lowers_the_loss_and_drives_the_engine(data_dir, target_dir
 
 
 def test_resume_gives_the_state_of_an_uninterrupted_run(data_dir, target_dir, tmp_path):
-    tokens, lens, rs = td.load_data(os.path.join(data_dir, "data.npz"))
-    mask = td.response_mask(tokens, lens, rs)
+    tokens, lens, rs = self_distill.load_data(os.path.join(data_dir, "data.npz"))
+    mask = self_distill.response_mask(tokens, lens, rs)
     target = load_model(target_dir, aux_layers=aux_layers_from_ids(IDS, 3))
     kw = dict(arch="eagle3", batch=4, lr=1e-3, draft_vocab=40, ttt_length=2, aux_layer_ids=IDS, seed=1,
               log_every=1, log=lambda *_: None)
@@ -130,7 +132,7 @@ def test_chatml_ids_of_smollm2():
     """The ChatML user / assistant prefixes and end-of-turn id the data stage gives SmolLM2 (the ids its shipped heads
     were trained with), from the GGUF's own tokenizer."""
     from jaxspec.models.fetch import fetch_model
-    from jaxspec.train_draft import chatml_ids
+    from jaxspec.data.self_distill import chatml_ids
 
     path = str(fetch_model("smollm2-135m-instruct", quiet=True))
     assert chatml_ids(path) == ([1, 4093, 198], [2, 198, 1, 520, 9531, 198], 2)

@@ -22,10 +22,12 @@ import time
 
 from tqdm import tqdm
 
+from jaxspec.cli_help import DocHelpFormatter
+
 
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m jaxspec.interop.check", description=__doc__,
-                                 formatter_class=_Formatter)
+                                 formatter_class=DocHelpFormatter)
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                     help="cpu: Triton interpreter + Pallas interpret mode; cuda: native kernels and the CUDA originals")
     ap.add_argument("--seed", type=int, default=0, help="base seed of the random cases")
@@ -35,10 +37,6 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--max-configs", type=int, default=None, metavar="K", help="use only the first K configs of each op")
     ap.add_argument("-v", "--verbose", action="store_true", help="print the first failing report of each row")
     return ap
-
-
-class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
-    """Per-flag defaults, and the description's paragraphs kept as written."""
 
 
 def main(argv=None) -> int:

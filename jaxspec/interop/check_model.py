@@ -54,6 +54,8 @@ import sys
 
 import numpy as np
 
+from jaxspec.cli_help import HelpFormatter
+
 _DTYPES = {"float32": "float32", "f32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16"}
 EXIT_OK, EXIT_DIFFERS, EXIT_REFUSED, EXIT_CANNOT_COMPARE = 0, 1, 2, 3
 TOP_K = 8  # candidates kept per generated position on each side (the other side's choice is looked up among them)
@@ -481,7 +483,7 @@ def _parser() -> argparse.ArgumentParser:
                     "continuations in float32; in bfloat16, where greedy paths part and whether each parting is "
                     "a near-tie. Exit 0 on a match, 1 on a mismatch, 2 when jaxspec refuses the checkpoint or "
                     "the arguments, 3 when transformers cannot load it (cannot compare).",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        formatter_class=HelpFormatter)
     ap.add_argument("path", metavar="PATH", help="checkpoint directory or .gguf file (local)")
     src = ap.add_mutually_exclusive_group()
     src.add_argument("--prompts-file", default=None, help="JSON list of token id lists to use as prompts")

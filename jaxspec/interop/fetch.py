@@ -30,6 +30,7 @@ import tempfile
 import zipfile
 
 from jaxspec.interop import originals, pins
+from jaxspec.cli_help import HelpFormatter
 
 MANIFEST = "manifest.json"
 DEFAULT_CACHE = pathlib.Path.home() / ".cache" / "jaxspec" / "wheels"
@@ -207,7 +208,7 @@ def _keep_tvm_wheel(dest: pathlib.Path, cache: pathlib.Path, find_links: list[pa
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m jaxspec.interop.fetch", description=__doc__.split("\n")[0],
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=HelpFormatter,
         epilog="Every wheel and every extracted file is checked against the sha256 pinned in jaxspec.interop.pins.",
     )
     ap.add_argument("--dest", type=pathlib.Path, default=None,

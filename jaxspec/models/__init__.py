@@ -1,6 +1,7 @@
 """jaxspec.models: Llama-family decoders (Llama 2/3, Qwen2/2.5, Mistral) with DeepSeek-V3 MTP draft layers,
 loaded from Hugging Face safetensors checkpoints or llama GGUF files (``load_model``), over a paged KV cache
-(Flax NNX); real models fetched by name into the user cache (``fetch_model("smollm2-135m-instruct")``); the shipped tiny pair
+(Flax NNX); a target with its EAGLE-3 or MTP draft head and the drafter in one call (``load_target_with_head``);
+real models fetched by name into the user cache (``fetch_model("smollm2-135m-instruct")``); the shipped tiny pair
 (``load_pair()``: the ``MTPModel`` of ``DEFAULT_WEIGHTS``) and the demo's deeper pair (``DEMO_WEIGHTS``)."""
 
 from jaxspec.models.checkpoint import load_model as load_model
@@ -22,6 +23,12 @@ from jaxspec.models.eagle3 import load_eagle3 as load_eagle3
 from jaxspec.models.eagle3 import save_eagle3 as save_eagle3
 from jaxspec.models.eagle3_drafter import EAGLE3Drafter as EAGLE3Drafter
 from jaxspec.models.eagle3_drafter import EAGLE3DraftState as EAGLE3DraftState
+from jaxspec.models.heads import HEAD_KINDS as HEAD_KINDS
+from jaxspec.models.heads import TargetWithHead as TargetWithHead
+from jaxspec.models.heads import head_kind as head_kind
+from jaxspec.models.heads import load_mtp_head as load_mtp_head
+from jaxspec.models.heads import load_target_with_head as load_target_with_head
+from jaxspec.models.heads import shipped_head as shipped_head
 from jaxspec.models.mtp_drafter import MTPDrafter as MTPDrafter
 from jaxspec.models.mtp_drafter import MTPDraftState as MTPDraftState
 from jaxspec.models.mtp import MTPModel as MTPModel

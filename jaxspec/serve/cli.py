@@ -3,6 +3,8 @@ serve it over HTTP (``jaxspec.serve.app``) until interrupted. Prints one line wh
 
 import argparse
 
+from jaxspec.cli_help import HelpFormatter
+
 
 def _spec(s: str):
     parts = s.split(",")
@@ -16,7 +18,7 @@ def parser() -> argparse.ArgumentParser:
                                 description="An OpenAI-compatible HTTP server (/v1/chat/completions, "
                                             "/v1/completions, /v1/models, /health, /metrics) over jaxspec's "
                                             "continuous-batching core, with speculative decoding.",
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                formatter_class=HelpFormatter)
     p.add_argument("--model", required=True, help="a checkpoint directory, a .gguf file or a registered name "
                                                   "(e.g. smollm2-135m-instruct, fetched once)")
     p.add_argument("--draft", help="a draft head directory (EAGLE-3 or MTP); without it: plain decoding")
@@ -24,8 +26,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--spec", type=_spec, action="append",
                    help="a draft shape STEPS,TOPK,TOKENS (repeat for several, with --adaptive); default 3,1,4")
     p.add_argument("--adaptive", action="store_true", help="pick among the --spec shapes (and plain) per round")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--host", default="127.0.0.1", help="the address to listen on")
+    p.add_argument("--port", type=int, default=8000, help="the TCP port to listen on")
     p.add_argument("--max-batch", type=int, default=8, help="batch slots")
     p.add_argument("--max-context", type=int, default=2048, help="tokens per request (prompt + reply)")
     p.add_argument("--page-size", type=int, default=16, help="KV page size in tokens")
@@ -51,10 +53,8 @@ def build(args):
     import jax.numpy as jnp  # noqa: PLC0415
 
     from jaxspec.config import SpecConfig  # noqa: PLC0415
-    from jaxspec.demo import head_kind  # noqa: PLC0415
     from jaxspec.engine import Engine  # noqa: PLC0415
-    from jaxspec.models import (EAGLE3Drafter, MTPDrafter, aux_layers_from_ids, fetch,  # noqa: PLC0415
-                                load_eagle3, load_model)
+    from jaxspec.models import fetch, head_kind, load_target_with_head  # noqa: PLC0415
     from jaxspec.serving import ServingEngine  # noqa: PLC0415
     from jaxspec.text import Tokenizer  # noqa: PLC0415
 
@@ -63,24 +63,10 @@ def build(args):
         raise SystemExit(f"--model: {args.model!r} is neither a registered name ({sorted(fetch.MODELS)}) nor a path")
     dtype = jnp.bfloat16 if args.dtype == "bf16" else jnp.float32
     tok = Tokenizer.from_file(path)
-    drafter, spec = None, None
-    if args.draft is None:
-        target = load_model(path, param_dtype=dtype, mtp=False)
-    elif (args.draft_kind or head_kind(args.draft)) == "eagle3":
-        from jaxspec.models.checkpoint import read_config  # noqa: PLC0415
-        from jaxspec.models.gguf import is_gguf, read_gguf_config  # noqa: PLC0415
-
-        n = (read_gguf_config(path) if is_gguf(path) else read_config(path)).num_hidden_layers
-        draft = load_eagle3(args.draft, num_target_layers=n)
-        target = load_model(path, param_dtype=dtype, aux_layers=aux_layers_from_ids(draft.cfg.aux_layer_ids, n))
-        drafter = EAGLE3Drafter(draft, target)
-    else:
-        from jaxspec.train_draft import load_mtp_head  # noqa: PLC0415
-
-        specs = args.spec or [(3, 1, 4)]
-        target = load_mtp_head(load_model(path, param_dtype=dtype, mtp=False), args.draft,
-                               num_draft_steps=max(s[0] for s in specs))
-        drafter = MTPDrafter(target)
+    spec = None
+    kind = None if args.draft is None else args.draft_kind or head_kind(args.draft, arg="--draft")
+    steps = max(s[0] for s in args.spec or [(3, 1, 4)]) if kind == "mtp" else None
+    target, drafter, _ = load_target_with_head(path, args.draft, kind=kind, param_dtype=dtype, num_draft_steps=steps)
     if drafter is not None:
         specs = [SpecConfig(*s) for s in (args.spec or [(3, 1, 4)])]
         spec = specs if len(specs) > 1 else specs[0]

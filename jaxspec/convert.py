@@ -1,6 +1,7 @@
-"""Convert a llama GGUF file once into a Hugging Face checkpoint directory: ``python -m jaxspec.models.convert
-GGUF OUTDIR`` (or ``python -m jaxspec.models.convert smollm2-135m-instruct OUTDIR`` for a named model, fetched
-first). For tools that want a directory.
+"""Convert a llama GGUF file once into a Hugging Face checkpoint directory: ``python -m jaxspec.convert
+GGUF OUTDIR`` (or ``python -m jaxspec.convert smollm2-135m-instruct OUTDIR`` for a named model, fetched
+first). For tools that want a directory. It writes the weights (``jaxspec.models``) and the tokenizer
+(``jaxspec.text``), so it sits above both (``jaxspec.models`` never imports ``jaxspec.text``).
 
 Writes, with jaxspec's own writer (``save_model``): ``config.json`` (``DecoderConfig.to_hf()`` plus the GGUF's
 ``max_position_embeddings`` and special token ids) and ``model.safetensors`` (the dequantized weights in
@@ -38,7 +39,7 @@ def convert_gguf(path, outdir, *, dtype="float32") -> str:
     info = read_gguf_info(path)
     model = load_gguf(path, param_dtype=_DTYPES[dtype])
     save_model(model, outdir, dtype=_DTYPES[dtype],
-               metadata={"source": os.path.basename(os.fspath(path)), "converted_by": "jaxspec.models.convert"})
+               metadata={"source": os.path.basename(os.fspath(path)), "converted_by": "jaxspec.convert"})
     cfg_file = os.path.join(outdir, "config.json")
     with open(cfg_file) as f:
         cfg = json.load(f)
@@ -71,7 +72,9 @@ def _write_tokenizer(path, outdir) -> None:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m jaxspec.models.convert", description=__doc__.split("\n")[0],
+    ap = argparse.ArgumentParser(prog="python -m jaxspec.convert",
+                                 description="Convert a llama GGUF file once into a Hugging Face checkpoint "
+                                             "directory (weights, config, tokenizer).",
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ap.add_argument("source", help=f"a .gguf file, or a named model ({', '.join(sorted(MODELS))}) fetched first")
     ap.add_argument("outdir", help="directory to write (created if needed)")
