@@ -436,8 +436,14 @@ def _soak(se, n: int, seed: int = 0):
             time.sleep(0.05)
         gc.collect()
         after = _rss()
-        assert se.pool.num_free == se.pool.capacity and se.requests == {}
-        assert not any(isinstance(o, Request) for o in gc.get_objects())
+        assert se.pool.num_free == se.pool.capacity and se.requests == {}, (se.pool.num_free, len(se.requests))
+        for _ in range(40):  # a handler thread may still be unwinding its last request: a leak stays, that does not
+            alive = [o.request_id for o in gc.get_objects() if isinstance(o, Request)]
+            if not alive:
+                break
+            time.sleep(0.05)
+            gc.collect()
+        assert not alive, alive
     return before, after
 
 

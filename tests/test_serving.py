@@ -239,10 +239,11 @@ def test_steady_state_compiles_nothing(spec):
     se.warmup(progress=lambda done, total, what: calls.append((done, total, what)))
     eng = se.engine
     assert se.slot_buckets == [1, 2, 4] and se.chunk_buckets == [8, 16]
-    # the progress line: one call before each executable (2 prefills per chunk bucket, a decode per slot bucket)
-    assert calls == [(0, 7, "prefill chunk 8"), (1, 7, "last chunk 8"), (2, 7, "prefill chunk 16"),
-                     (3, 7, "last chunk 16"), (4, 7, "decode 1 slots"), (5, 7, "decode 2 slots"),
-                     (6, 7, "decode 4 slots"), (7, 7, "done")]
+    # the progress line: one call before each executable (the table refresh, 2 prefills per chunk bucket, a decode
+    # per slot bucket)
+    assert calls == [(0, 8, "page tables"), (1, 8, "prefill chunk 8"), (2, 8, "last chunk 8"),
+                     (3, 8, "prefill chunk 16"), (4, 8, "last chunk 16"), (5, 8, "decode 1 slots"),
+                     (6, 8, "decode 2 slots"), (7, 8, "decode 4 slots"), (8, 8, "done")]
     buckets = []
     decode = se._decode
     se._decode = lambda b: buckets.append(b) or decode(b)

@@ -2,6 +2,7 @@
 serve it over HTTP (``jaxspec.serve.app``) until interrupted. Prints one line when ready: the URL."""
 
 import argparse
+import sys
 
 from jaxspec.cli_help import HelpFormatter
 
@@ -47,8 +48,14 @@ def parser() -> argparse.ArgumentParser:
 
 
 def build(args):
-    """``(serving_engine, tokenizer, model_name)`` for parsed ``args``."""
+    """``(serving_engine, tokenizer, model_name)`` for parsed ``args``, with a progress line on stderr for each
+    stage (fetch, load, warm-up compiles)."""
     import os  # noqa: PLC0415
+    import time  # noqa: PLC0415
+
+    from tqdm import tqdm  # noqa: PLC0415
+
+    t0 = time.perf_counter()
 
     import jax.numpy as jnp  # noqa: PLC0415
 
@@ -58,7 +65,7 @@ def build(args):
     from jaxspec.serving import ServingEngine  # noqa: PLC0415
     from jaxspec.text import Tokenizer  # noqa: PLC0415
 
-    path = str(fetch.fetch_model(args.model, quiet=True)) if args.model in fetch.MODELS else args.model
+    path = str(fetch.fetch_model(args.model)) if args.model in fetch.MODELS else args.model
     if not os.path.exists(path):
         raise SystemExit(f"--model: {args.model!r} is neither a registered name ({sorted(fetch.MODELS)}) nor a path")
     dtype = jnp.bfloat16 if args.dtype == "bf16" else jnp.float32
@@ -73,12 +80,26 @@ def build(args):
     eng = Engine(target, drafter, spec=spec, max_context=args.max_context, page_size=args.page_size,
                  max_batch=args.max_batch, num_pages=args.num_pages, adaptive=True if args.adaptive else None)
     se = ServingEngine(eng, rounds_per_step=args.rounds_per_step, sampling=not args.greedy)
-    se.warmup()  # every executable compiled before the first request: no step compiles while serving
+    _say(f"loaded in {time.perf_counter() - t0:.1f} s; compiling every executable a step can run")
+    with tqdm(desc="jaxspec-serve: warm-up", unit="executable", file=sys.stderr, total=0) as bar:
+        def progress(done, total, what):
+            bar.total = total
+            bar.n = done
+            bar.set_postfix_str(what, refresh=False)
+            bar.refresh()
+
+        se.warmup(progress=progress)  # every executable compiled before the first request: no step compiles later
     return se, tok, args.served_model_name or args.model
+
+
+def _say(msg: str) -> None:
+    print(f"jaxspec-serve: {msg}", file=sys.stderr, flush=True)
 
 
 def main(argv=None) -> int:
     args = parser().parse_args(argv)
+    _say(f"loading {args.model}" + ("" if args.draft is None else f" with the draft head {args.draft}")
+         + " (imports, then the model)")
     from aiohttp import web  # noqa: PLC0415
 
     from jaxspec.serve.app import build_app  # noqa: PLC0415

@@ -409,15 +409,16 @@ class ServingEngine:
 
         Args:
           progress: ``None``, or ``progress(done, total, what)`` called before each executable (``done`` of
-            ``total`` compiled so far, ``what`` names the next one, e.g. ``"prefill chunk 64"``) and once at the
-            end with ``done == total``: a caller's progress line.
+            ``total`` compiled so far, ``what`` names the next one: ``"page tables"``, ``"prefill chunk 64"``,
+            ...) and once at the end with ``done == total``: a caller's progress line.
         """
         if self.has_unfinished():
             raise RuntimeError("warmup: the core has requests (warm it up before submitting any)")
         report = progress or (lambda done, total, what: None)
-        total = 2 * len(self.chunk_buckets) + len(self.slot_buckets)
-        done = 0
+        total = 1 + 2 * len(self.chunk_buckets) + len(self.slot_buckets)
+        report(0, total, "page tables")
         self._refresh(np.zeros((self.num_slots,), bool))  # the pending row resets too: every row on the dummy page
+        done = 1
         eng = self.engine
         sampling = check_sampling(1, eng.vocab_size, 0.0, None, 1.0, 0)
         following = np.zeros((1, self.lookahead), np.int32)
