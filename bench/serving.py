@@ -75,16 +75,18 @@ def _parse(argv):
     ap.add_argument("--modes", default="plain,spec,adaptive,static,http", help=f"comma list of {list(MODES)}")
     ap.add_argument("--rates", default="1,4,16,inf", help="comma list of arrival rates in requests/s; inf: all at 0")
     ap.add_argument("--http-rates", default="1,inf", help="the rates of the http mode")
-    ap.add_argument("--num-requests", type=int, default=64, help="requests per rate")
-    ap.add_argument("--min-new", type=int, default=32, help="smallest output limit")
-    ap.add_argument("--max-new", type=int, default=256, help="largest output limit")
-    ap.add_argument("--max-batch", type=int, default=16, help="the engine's max_batch: the concurrency")
     ap.add_argument("--spec", default="3,1,4", help="the spec mode's S,K,N")
-    ap.add_argument("--rounds", type=int, default=4, help="ServingEngine rounds_per_step")
-    ap.add_argument("--warmup", type=int, default=4, help="warm-up requests per mode (at least one per bucket)")
-    ap.add_argument("--num-prompts", type=int, default=16, help="how many synthetic prompts (with --tiny)")
-    ap.add_argument("--seed", type=int, default=0, help="output limits (seed) and arrival gaps (seed + 1)")
-    ap.add_argument("--page-size", type=int, default=16, help="KV page size")
+    for flag, default, what in (  # the integer settings of a run
+            ("--num-requests", 64, "requests per rate"),
+            ("--min-new", 32, "smallest output limit"),
+            ("--max-new", 256, "largest output limit"),
+            ("--max-batch", 16, "the engine's max_batch: the concurrency"),
+            ("--rounds", 4, "ServingEngine rounds_per_step"),
+            ("--warmup", 4, "warm-up requests per mode (at least one per bucket)"),
+            ("--num-prompts", 16, "how many synthetic prompts (with --tiny)"),
+            ("--seed", 0, "output limits (seed) and arrival gaps (seed + 1)"),
+            ("--page-size", 16, "KV page size")):
+        ap.add_argument(flag, type=int, default=default, help=what)
     ap.add_argument("--device", choices=["cpu", "gpu"], default="gpu", help="JAX platform")
     ap.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16", help="weights and KV")
     ap.add_argument("--port", type=int, default=0, help="http mode: the server's port (0: a free one)")

@@ -34,3 +34,20 @@ def plain(text: str) -> str:
         The text as a terminal shows it.
     """
     return text.replace("``", "")
+
+
+def parser(module: str, description: str, *, formatter=HelpFormatter, **kwargs) -> argparse.ArgumentParser:
+    """The parser of ``python -m <module>``: its usage line names the command, the description is plain text.
+
+    Args:
+        module: the module run with ``python -m`` (e.g. ``"jaxspec.demo"``).
+        description: the text under the usage line (double backticks dropped).
+        formatter: the help formatter (``HelpFormatter``; ``DocHelpFormatter`` keeps paragraphs as written).
+        **kwargs: more ``argparse.ArgumentParser`` arguments (``epilog``, ...).
+
+    Returns:
+        An ``argparse.ArgumentParser``.
+    """
+    return argparse.ArgumentParser(prog=f"python -m {module}", description=plain(description),
+                                   formatter_class=formatter, **kwargs)
+

@@ -29,11 +29,11 @@ process-wide, set before JAX starts).
 """
 
 import argparse
-import json
 import os
 import sys
 import time
 
+from jaxspec.cli_help import parser
 from jaxspec.data.chat_prompts import CHAT_PROMPTS
 
 MODEL = "smollm2-135m-instruct"
@@ -68,14 +68,11 @@ CPU_XLA_FLAGS_JAXLIB = ("0.10.",)
 
 
 def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(
-        prog="python -m jaxspec.demo",
-        description="Speculative decoding of real text vs plain decoding: SmolLM2-135M-Instruct (fetched into the "
-                    "user cache when missing) with its trained draft head, a few chat prompts decoded greedily at "
-                    "batch 1 each way (each generation one XLA while_loop); checks the outputs are identical token "
-                    "for token (exit 1 if not) and prints the mean accept length, tokens/s, where a round's time "
-                    "goes and the replies.",
-    )
+    ap = parser("jaxspec.demo", "Speculative decoding of real text vs plain decoding: SmolLM2-135M-Instruct "
+                "(fetched into the user cache when missing) with its trained draft head, a few chat prompts decoded "
+                "greedily at batch 1 each way (each generation one XLA while_loop); checks the outputs are identical "
+                "token for token (exit 1 if not) and prints the mean accept length, tokens/s, where a round's time "
+                "goes and the replies.")
     ap.add_argument("--device", choices=["cpu", "gpu"], default="cpu",
                     help="JAX platform to run on (default: %(default)s)")
     ap.add_argument("--config", choices=["chain", "tree", "both"], default="both",

@@ -54,7 +54,7 @@ import sys
 
 import numpy as np
 
-from jaxspec.cli_help import HelpFormatter
+from jaxspec.cli_help import parser
 
 _DTYPES = {"float32": "float32", "f32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16"}
 EXIT_OK, EXIT_DIFFERS, EXIT_REFUSED, EXIT_CANNOT_COMPARE = 0, 1, 2, 3
@@ -476,14 +476,12 @@ def format_report(res: ModelCheck) -> str:
 
 
 def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(
-        prog="python -m jaxspec.interop.check_model",
-        description="Check that jaxspec runs a Hugging Face checkpoint directory (config.json + *.safetensors) or "
-                    "a llama GGUF file like transformers does: prompt logits within rtol and identical greedy "
-                    "continuations in float32; in bfloat16, where greedy paths part and whether each parting is "
-                    "a near-tie. Exit 0 on a match, 1 on a mismatch, 2 when jaxspec refuses the checkpoint or "
-                    "the arguments, 3 when transformers cannot load it (cannot compare).",
-        formatter_class=HelpFormatter)
+    ap = parser("jaxspec.interop.check_model",
+                "Check that jaxspec runs a Hugging Face checkpoint directory (config.json + *.safetensors) or a llama "
+                "GGUF file like transformers does: prompt logits within rtol and identical greedy continuations in "
+                "float32; in bfloat16, where greedy paths part and whether each parting is a near-tie. Exit 0 on a "
+                "match, 1 on a mismatch, 2 when jaxspec refuses the checkpoint or the arguments, 3 when transformers "
+                "cannot load it (cannot compare).")
     ap.add_argument("path", metavar="PATH", help="checkpoint directory or .gguf file (local)")
     src = ap.add_mutually_exclusive_group()
     src.add_argument("--prompts-file", default=None, help="JSON list of token id lists to use as prompts")
