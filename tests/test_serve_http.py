@@ -10,7 +10,6 @@ disconnects mid-stream has its request aborted and its pages freed; ``/v1/models
 ``/metrics`` (Prometheus text) answer; the extensions ``return_token_ids`` and ``stop_token_ids``.
 """
 
-import http.client
 import json
 import re
 import socket
@@ -24,6 +23,7 @@ import pytest
 openai = pytest.importorskip("openai")
 pytest.importorskip("aiohttp")
 
+from http_helpers import http_request as _http  # noqa: E402
 from jaxspec.config import SpecConfig  # noqa: E402
 from jaxspec.engine import Engine  # noqa: E402
 from jaxspec.models import DEFAULT_WEIGHTS, MTPDrafter, load_pair  # noqa: E402
@@ -83,18 +83,6 @@ def server():
 @pytest.fixture(scope="module")
 def client(server):
     return openai.OpenAI(base_url=server[0].url + "/v1", api_key="unused", max_retries=0, timeout=120)
-
-
-def _http(url: str, method: str, path: str, body: bytes | None = None):
-    """``(status, headers, body bytes)`` of one raw request."""
-    u = urlparse(url)
-    c = http.client.HTTPConnection(u.hostname, u.port, timeout=120)
-    try:
-        c.request(method, path, body=body, headers={"Content-Type": "application/json"} if body else {})
-        r = c.getresponse()
-        return r.status, dict(r.getheaders()), r.read()
-    finally:
-        c.close()
 
 
 def _metrics(url: str) -> dict:

@@ -12,7 +12,6 @@ resident memory flat, every page free and every completed reply equal to its sol
 
 import contextlib
 import gc
-import http.client
 import json
 import os
 import random
@@ -23,7 +22,6 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import urlparse
 
-import numpy as np
 import pytest
 
 openai = pytest.importorskip("openai")
@@ -32,6 +30,7 @@ pytest.importorskip("aiohttp")
 from tokenizers import AddedToken  # noqa: E402
 from tokenizers import Tokenizer as Backend  # noqa: E402
 
+from http_helpers import http_request as _http  # noqa: E402
 from jaxspec.engine import Engine  # noqa: E402
 from jaxspec.models import DEFAULT_WEIGHTS, load_pair  # noqa: E402
 from jaxspec.serve import ServerThread, build_app, cli  # noqa: E402
@@ -80,17 +79,6 @@ def _server(se, tokenizer=TOK, **limits):
 
 def _client(url):
     return openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=60)
-
-
-def _http(url, method, path, body=None, timeout=60):
-    u = urlparse(url)
-    c = http.client.HTTPConnection(u.hostname, u.port, timeout=timeout)
-    try:
-        c.request(method, path, body=body, headers={"Content-Type": "application/json"} if body else {})
-        r = c.getresponse()
-        return r.status, dict(r.getheaders()), r.read()
-    finally:
-        c.close()
 
 
 def _post(url, body: dict, path="/v1/completions"):
