@@ -277,9 +277,41 @@ def implementation_type_violations(sources) -> list[str]:
     return bad
 
 
+# the package-wide helpers at the top of jaxspec may re-export a subpackage's private module (one facade each)
+PRIVATE_FACADES = {("jaxspec._validate", "jaxspec.kernels._validate")}
+
+
+def _subpackage(mod: str) -> str:
+    """``jaxspec.X`` of a module ``jaxspec.X[.Y...]`` (a top-level module is its own)."""
+    return ".".join(mod.split(".")[:2])
+
+
+def private_violations(sources) -> list[str]:
+    """No module imports a private (underscore) module or name of another of jaxspec's subpackages (the kernels'
+    ``_dispatch``, an engine module's ``_helper``): subpackages meet through their public names."""
+    bad = []
+    for name, (path, text) in sorted(sources.items()):
+        for node in ast.walk(_parse(text)):
+            if isinstance(node, ast.ImportFrom) and not node.level and (node.module or "").startswith("jaxspec."):
+                mods, names = [node.module], [a.name for a in node.names]
+            elif isinstance(node, ast.Import):
+                mods, names = [a.name for a in node.names if a.name.startswith("jaxspec.")], []
+            else:
+                continue
+            for mod in mods:
+                if _subpackage(mod) == _subpackage(name) or (name, mod) in PRIVATE_FACADES:
+                    continue
+                private = [p for p in mod.split(".")[2:] if p.startswith("_")]
+                private += [n for n in names if n.startswith("_") and not n.startswith("__")]
+                if private:
+                    bad.append(f"{path}:{node.lineno} imports private {mod} ({', '.join(private)}) of another "
+                               f"subpackage")
+    return bad
+
+
 RULES = {"implementation_type": implementation_type_violations, "layers": layer_violations, "cycles": cycle_violations,
          "forbidden": forbidden_violations, "backends": backend_violations, "interop_style": interop_style_violations,
-         "apps": app_violations, "folders": folder_violations}
+         "apps": app_violations, "folders": folder_violations, "private": private_violations}
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -396,6 +428,9 @@ PLANTED = [  # (rule, module, planted source, what the violation names)
      "imports the app module jaxspec.interop.check_model"),
     ("apps", "jaxspec.serve.__main__", "import jaxspec.train_tiny", "imports the app module jaxspec.train_tiny"),
     ("folders", "jaxspec.models.decoder", "from jaxspec.text import tokenizer", "jaxspec.models <-> jaxspec.text"),
+    ("private", "jaxspec.serving.core", "from jaxspec.kernels._dispatch import next_pow2", "jaxspec.kernels._dispatch"),
+    ("private", "jaxspec.engine.engine", "def f():\n    from jaxspec.models.decoder import _dot16", "(_dot16)"),
+    ("private", "jaxspec.models.heads", "import jaxspec.engine._hidden", "jaxspec.engine._hidden"),
     ("folders", "jaxspec.engine.engine", "def f():\n    from jaxspec.serving import core",
      "jaxspec.engine <-> jaxspec.serving"),
 ]

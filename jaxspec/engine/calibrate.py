@@ -10,7 +10,7 @@ import numpy as np
 
 from jaxspec.engine.checks import is_int
 from jaxspec.engine.step import draft_spec_max_accept
-from jaxspec.kernels._dispatch import next_pow2
+from jaxspec.kernels import next_pow2
 
 
 def calibration_tokens(specs, rounds: int) -> int:

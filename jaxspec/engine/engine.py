@@ -28,8 +28,7 @@ from jaxspec.engine.policy import AdaptivePolicy, PolicyState, init_policy_state
 from jaxspec.engine.simulate import SimulatedAccept
 from jaxspec.engine.state import DecodeState, EngineOptions
 from jaxspec.engine.step import draft_spec_max_accept
-from jaxspec.kernels import Implementation
-from jaxspec.kernels._dispatch import next_pow2
+from jaxspec.kernels import Implementation, next_pow2
 from jaxspec.protocols import TargetModel, check_implements, make_req_to_token, num_pages_needed
 
 

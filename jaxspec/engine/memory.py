@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxspec.engine.state import DecodeState, SamplingParams
-from jaxspec.kernels._dispatch import next_pow2
+from jaxspec.kernels import next_pow2
 
 MIN_PROMPT_BUCKET = 8  # the narrowest prompt width (prompts are right-padded to a power of two >= this)
 MIN_OUTPUT_BUCKET = 8  # smallest output-buffer width T

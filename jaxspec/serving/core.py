@@ -27,7 +27,7 @@ from jaxspec.engine.memory import allocate_state, prompt_bucket
 from jaxspec.engine.policy import init_policy_state
 from jaxspec.engine.state import DecodeState, EngineOptions, SamplingParams
 from jaxspec.engine.step import decode_loop, draft_spec_max_accept, prefill, prefill_chunk, prefill_lookahead
-from jaxspec.kernels._dispatch import next_pow2
+from jaxspec.kernels import next_pow2
 from jaxspec.protocols import PagedKVCache
 from jaxspec.serving.costs import StepCosts
 from jaxspec.serving.pages import PagePool, pack_rows, refresh_fn
