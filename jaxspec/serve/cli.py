@@ -4,7 +4,7 @@ serve it over HTTP (``jaxspec.serve.app``) until interrupted. Prints one line wh
 import argparse
 import sys
 
-from jaxspec.cli_help import HelpFormatter
+from jaxspec.cli_help import parser as cli_parser
 
 
 def _spec(s: str):
@@ -15,11 +15,9 @@ def _spec(s: str):
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m jaxspec.serve",
-                                description="An OpenAI-compatible HTTP server (/v1/chat/completions, "
-                                            "/v1/completions, /v1/models, /health, /metrics) over jaxspec's "
-                                            "continuous-batching core, with speculative decoding.",
-                                formatter_class=HelpFormatter)
+    p = cli_parser("jaxspec.serve", "An OpenAI-compatible HTTP server (/v1/chat/completions, /v1/completions, "
+                                    "/v1/models, /health, /metrics) over jaxspec's continuous-batching core, with "
+                                    "speculative decoding.")
     p.add_argument("--model", required=True, help="a checkpoint directory, a .gguf file or a registered name "
                                                   "(e.g. smollm2-135m-instruct, fetched once)")
     p.add_argument("--draft", help="a draft head directory (EAGLE-3 or MTP); without it: plain decoding")
