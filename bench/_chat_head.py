@@ -44,7 +44,6 @@ def load_chat_head(head: str | None, kind: str, num_prompts: int) -> ChatHead:
     return ChatHead(target, drafter, prompts, eot if eot is not None else (min(stops) if stops else None), gguf)
 
 
-
 def check_parser(script: str, doc: str, kind: str, num_prompts: int):
     """The draft checks' parser: ``--head`` (a ``kind`` head), ``--num-prompts`` (default ``num_prompts``) and
     ``--new-tokens``."""

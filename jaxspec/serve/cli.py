@@ -5,6 +5,8 @@ import argparse
 import sys
 
 from jaxspec.cli_help import parser as cli_parser
+from jaxspec.serve.app import DEFAULT_BODY_TIMEOUT_S, DEFAULT_MAX_BODY_BYTES
+from jaxspec.serve.driver import DEFAULT_MAX_QUEUED_REQUESTS
 
 
 def _spec(s: str):
@@ -34,10 +36,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--rounds-per-step", type=int, default=4, help="decode rounds per serving step")
     p.add_argument("--dtype", choices=("bf16", "f32"), default="f32", help="weight dtype")
     p.add_argument("--served-model-name", help="the name clients send as `model` (default: --model)")
-    p.add_argument("--max-queued-requests", type=int, default=256,
+    p.add_argument("--max-queued-requests", type=int, default=DEFAULT_MAX_QUEUED_REQUESTS,
                    help="requests that may wait beyond the free batch slots; one more is refused (HTTP 429)")
-    p.add_argument("--max-body-bytes", type=int, default=1 << 20, help="largest request body (HTTP 413 above)")
-    p.add_argument("--body-timeout", type=float, default=30.0,
+    p.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES,
+                   help="largest request body (HTTP 413 above)")
+    p.add_argument("--body-timeout", type=float, default=DEFAULT_BODY_TIMEOUT_S,
                    help="seconds to receive a request's whole body (HTTP 408 after)")
     p.add_argument("--greedy", action="store_true",
                    help="greedy requests only (temperature 0): the core's greedy executables, which skip the "
