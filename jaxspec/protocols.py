@@ -65,6 +65,10 @@ class AttentionMetadata:
     implementation, interpret: the ``jaxspec.kernels.paged_attention`` switch (static; ``"auto"``: the Pallas
                  kernel on a GPU, the jnp reference on CPU). The round's metadata builders set them from the
                  engine's ``implementation`` / ``interpret``; ``dataclasses.replace`` keeps them.
+    batch_invariant: (static) compute every row with a reduction order that does not depend on the other rows
+                 of the call (``jaxspec.kernels.invariant_matmul`` / ``invariant_attention``): a target that
+                 declares ``supports_batch_invariant = True`` honours it; engines set it on the target's
+                 forwards only, in their batch-invariant mode.
 
     Fresh tokens attend to the prefix (positions ``< prefix_lens``) and to the fresh tokens ``qmask``
     allows; their own K/V goes to ``write_locs``, which lie past the prefix, so attention never reads from the
@@ -79,6 +83,7 @@ class AttentionMetadata:
     page_size: int = dataclasses.field(default=1, metadata=dict(static=True))
     implementation: Implementation = dataclasses.field(default="auto", metadata=dict(static=True))
     interpret: bool = dataclasses.field(default=False, metadata=dict(static=True))
+    batch_invariant: bool = dataclasses.field(default=False, metadata=dict(static=True))
 
     def prefix_slots(self, width: int) -> jax.Array:
         """``i32[B, width]``: the slot of each logical position ``< width`` (for gather-based attention)."""

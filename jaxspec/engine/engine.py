@@ -28,7 +28,7 @@ from jaxspec.engine.policy import AdaptivePolicy, PolicyState, init_policy_state
 from jaxspec.engine.simulate import SimulatedAccept
 from jaxspec.engine.state import DecodeState, EngineOptions
 from jaxspec.engine.step import draft_spec_max_accept
-from jaxspec.kernels import Implementation, next_pow2
+from jaxspec.kernels import Implementation, batch_invariance_blocker, next_pow2
 from jaxspec.protocols import TargetModel, check_implements, make_req_to_token, num_pages_needed
 
 
@@ -78,6 +78,12 @@ class Engine:
         first time a batch bucket is generated (``calibrate``; ``round_costs`` holds them). What the policy
         learned about acceptance carries from one decode call to the next (``policy_memory``, per batch
         bucket; ``AdaptivePolicy(warm_start=False)`` or ``policy_memory.clear()`` to start afresh).
+      batch_invariant: run the target's forwards batch-invariant (``AttentionMetadata.batch_invariant``): each
+        token's logits are computed with a reduction order that does not depend on the rows sharing the
+        forward, so greedy speculative output equals plain greedy output token for token in bf16 as in f32,
+        and a request's output does not depend on its batch, its row or how its prompt was chunked (for the
+        same weights, dtype, device kind and jax version; docs/serving.md, "Batch-invariant mode"). Needs a
+        target with ``supports_batch_invariant = True`` (``jaxspec.models.Decoder``).
       simulate_accept: BENCHMARKING ONLY, never lossless: a ``SimulatedAccept`` that forces the accept
         length of every speculative round (SGLang's ``SIMULATE_ACC_LEN``; ``jaxspec.engine.simulate``).
 
@@ -107,8 +113,16 @@ class Engine:
         threshold_acc: float = 1.0,
         adaptive: "AdaptivePolicy | bool | None" = None,
         simulate_accept: SimulatedAccept | None = None,
+        batch_invariant: bool = False,
     ):
         check_implements(target, TargetModel, "target")
+        if not isinstance(batch_invariant, bool):
+            raise ValueError(f"batch_invariant: expected a bool, got {batch_invariant!r}")
+        if batch_invariant and not getattr(target, "supports_batch_invariant", False):
+            raise ValueError(f"batch_invariant=True: the target ({type(target).__name__}) does not declare "
+                             "supports_batch_invariant = True (jaxspec.models.Decoder does)")
+        if batch_invariant and (why := batch_invariance_blocker()) is not None:
+            raise ValueError(f"batch_invariant=True: {why}")
         specs, adaptive = check_speculation(spec, drafter, adaptive, simulate_accept)
         self.vocab_size = int(target.vocab_size)
         args = check_engine_args(
@@ -121,6 +135,7 @@ class Engine:
         self.opts = EngineOptions(
             specs=specs, page_size=page_size, implementation=implementation, interpret=interpret, verify=verify,
             threshold_single=thresholds[0], threshold_acc=thresholds[1], adaptive=adaptive,
+            batch_invariant=batch_invariant,
         )
         self.simulate_accept = simulate_accept
         self.round_costs: dict[int, np.ndarray] = {}  # adaptive: batch bucket -> seconds per round of each mode

@@ -29,6 +29,7 @@ class EngineOptions:
       lossless; smaller values accept more drafts and bias the output distribution).
     adaptive: adaptive speculation (``jaxspec.engine.policy``): the policy that chooses per round between
       plain decoding and the draft shapes ``specs``; ``None``: every round speculates with ``specs[0]``.
+    batch_invariant: the target's forwards run batch-invariant (``AttentionMetadata.batch_invariant``).
     """
 
     specs: tuple[SpecConfig, ...] = ()
@@ -39,6 +40,7 @@ class EngineOptions:
     threshold_single: float = 1.0
     threshold_acc: float = 1.0
     adaptive: AdaptivePolicy | None = None
+    batch_invariant: bool = False
 
     @property
     def verify_width(self) -> int:

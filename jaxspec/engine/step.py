@@ -27,6 +27,12 @@ def _kernel_kw(opts: EngineOptions) -> dict:
     return dict(implementation=opts.implementation, interpret=opts.interpret)
 
 
+def _target_meta(opts: EngineOptions, meta):
+    """The metadata of a target forward: ``meta``, batch-invariant in an engine of that mode (the drafter's
+    forwards keep the default kernels: the drafts only choose what is verified, never the output)."""
+    return dataclasses.replace(meta, batch_invariant=True) if opts.batch_invariant else meta
+
+
 def append_tokens(state: DecodeState, tokens: jax.Array, counts: jax.Array):
     """Append ``tokens[b, :counts[b]]`` (i32[B, A]) for active requests; stop on max-new / EOS.
 
@@ -101,7 +107,7 @@ def prefill(target, drafter, opts: EngineOptions, state: DecodeState, prompts: j
     r2t = state.target_cache.req_to_token
     meta = pipeline.prefill_metadata(prompt_lens, r2t, p, page_size=opts.page_size, prefix_lens=state.seq_lens,
                                      **_kernel_kw(opts))
-    logits, hidden, tcache = target.forward(prompts, meta, state.target_cache)
+    logits, hidden, tcache = target.forward(prompts, _target_meta(opts, meta), state.target_cache)
     rows = jnp.arange(b, dtype=jnp.int32)
     last = logits[rows, prompt_lens - 1]
     keys = None
@@ -150,7 +156,7 @@ def prefill_chunk(target, drafter, opts: EngineOptions, state: DecodeState, toke
     b, p = tokens.shape
     meta = pipeline.prefill_metadata(chunk_lens, state.target_cache.req_to_token, p, page_size=opts.page_size,
                                      prefix_lens=state.seq_lens, **_kernel_kw(opts))
-    _, hidden, tcache = target.forward(tokens, meta, state.target_cache)  # the logits are dead code
+    _, hidden, tcache = target.forward(tokens, _target_meta(opts, meta), state.target_cache)  # logits: dead code
     draft = state.draft
     if drafter is not None:
         look = getattr(drafter, "prefill_lookahead", None)
@@ -195,7 +201,7 @@ def spec_step(target, drafter, opts: EngineOptions, state: DecodeState, which: i
     root = pipeline.root_metadata(seq, r2t, page_size=opts.page_size, **kw)
     draft, dstate = drafter.propose(spec, state.draft[which], state.bonus, root)
     plan = pipeline.plan_verify(spec, state.bonus, draft, seq, r2t, page_size=opts.page_size, **kw)
-    logits, hidden, tcache = target.forward(plan.tokens, plan.meta, state.target_cache)
+    logits, hidden, tcache = target.forward(plan.tokens, _target_meta(opts, plan.meta), state.target_cache)
     if sampling is None:
         verifier = pipeline.VerifyGreedy(logits)
     elif ext is not None:
@@ -235,7 +241,7 @@ def plain_step(target, opts: EngineOptions, state: DecodeState) -> DecodeState:
     b = state.seq_lens.shape[0]
     seq = state.seq_lens
     meta = pipeline.decode_metadata(seq, state.target_cache.req_to_token, page_size=opts.page_size, **_kernel_kw(opts))
-    logits, _, tcache = target.forward(state.bonus[:, None], meta, state.target_cache)
+    logits, _, tcache = target.forward(state.bonus[:, None], _target_meta(opts, meta), state.target_cache)
     if state.all_greedy:
         nxt = _greedy(logits[:, 0])
     else:

@@ -17,6 +17,7 @@ reference and the kernel (a dropped write or a slot-0 read; see each module); ch
 """
 
 from jaxspec.kernels._backend import Implementation as Implementation
+from jaxspec.kernels._backend import batch_invariance_blocker as batch_invariance_blocker
 from jaxspec.kernels._dispatch import next_pow2 as next_pow2  # the bucket rule every static shape here follows
 from jaxspec.kernels.cache_locs import assign_draft_cache_locs as assign_draft_cache_locs
 from jaxspec.kernels.cache_locs import assign_extend_cache_locs as assign_extend_cache_locs
@@ -40,3 +41,7 @@ from jaxspec.kernels.paged_cache_locs import update_req_to_page as update_req_to
 from jaxspec.kernels.paged_attention import paged_attention as paged_attention
 from jaxspec.kernels.paged_attention import paged_attention_reference as paged_attention_reference
 from jaxspec.kernels.paged_attention import qmask_from_bits as qmask_from_bits
+from jaxspec.kernels.invariant_attention import invariant_attention as invariant_attention
+from jaxspec.kernels.invariant_matmul import invariant_matmul as invariant_matmul
+from jaxspec.kernels.invariant_matmul import invariant_matmul_reference as invariant_matmul_reference
+from jaxspec.kernels.ordered_sum import ordered_sum as ordered_sum

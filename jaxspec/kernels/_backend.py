@@ -22,6 +22,8 @@ call. Rules:
 """
 
 import importlib
+import os
+import re
 import typing
 import warnings
 from collections.abc import Callable
@@ -155,5 +157,24 @@ def resolve_implementation(
     return "reference"
 
 
-__all__ = ["AUTO_WHEN_INTERPRETING", "BACKENDS", "IMPLEMENTATIONS", "Implementation", "PallasBackendWarning",
+# XLA:CPU option that keeps YNNPACK from fusing elementwise and reduction work (its fused kernels round exp,
+# rsqrt and friends differently in their vector body and their tail, so a row's result follows the shape)
+CPU_INVARIANT_FLAG = "--xla_cpu_experimental_ynn_fusion_type="
+
+
+def batch_invariance_blocker() -> str | None:
+    """Why this backend cannot run batch-invariant forwards as configured (a sentence), or None when it can.
+    XLA:GPU can. XLA:CPU needs YNNPACK fusions off, ``XLA_FLAGS`` holding ``CPU_INVARIANT_FLAG`` with an empty
+    value, set before jax starts (measured with jaxlib 0.10: ``exp(s - max(s))`` over a 128-wide row differs in
+    the last bit between a ``[3, 6, 2, 2, 128]`` array and its ``[3, 1, 2, 2, 128]`` slice)."""
+    if jax.default_backend() != "cpu":
+        return None
+    values = re.findall(r"--xla_cpu_experimental_ynn_fusion_type=(\S*)", os.environ.get("XLA_FLAGS", ""))
+    if values and values[-1] == "":
+        return None
+    return (f"XLA:CPU computes a row differently by the shape while YNNPACK fuses elementwise work; set "
+            f"XLA_FLAGS='{CPU_INVARIANT_FLAG}' before jax starts")
+
+
+__all__ = ["AUTO_WHEN_INTERPRETING", "CPU_INVARIANT_FLAG", "batch_invariance_blocker", "BACKENDS", "IMPLEMENTATIONS", "Implementation", "PallasBackendWarning",
            "backend_available", "gpu_available", "hopper_available", "resolve_implementation"]

@@ -44,7 +44,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxspec.kernels import paged_attention_triton as _triton_kernel
-from jaxspec.kernels._attention_parts import fresh_partial, merge_partials, mosaic_plan, triton_plan
+from jaxspec.kernels._attention_parts import (fresh_partial, merge_partials, mosaic_plan, triton_plan,
+                                              write_fresh)
 from jaxspec.kernels._backend import Implementation, resolve_implementation
 
 try:
@@ -271,32 +272,12 @@ def paged_attention(
               num_splits=num_splits)
 
 
-def _write_fresh(pool, layer, slots, x):
-    """``pool`` (``[X, Hkv, E]``, or ``[L, X, Hkv, E]`` with ``layer``) with ``x [n, Hkv, E]`` stored at ``slots
-    i32[n]``; a slot outside ``[0, X)`` is not written. One token (batch-1 decode) is a ``dynamic_update_slice``
-    of the row or its old value: a scatter's out-of-bounds semantics made XLA:GPU write it as a select kernel
-    plus the update (H200, 8B plain step at batch 1: 538 kernels instead of 606)."""
-    single = pool.ndim == 3
-    if single:
-        pool, layer = pool[None], 0
-    num = pool.shape[1]
-    x = x.astype(pool.dtype)
-    if slots.shape[0] == 1:
-        ok = (slots[0] >= 0) & (slots[0] < num)
-        at = (jnp.asarray(layer, jnp.int32), jnp.clip(slots[0], 0, num - 1), jnp.int32(0), jnp.int32(0))
-        old = jax.lax.dynamic_slice(pool, at, (1, 1) + pool.shape[2:])
-        pool = jax.lax.dynamic_update_slice(pool, jnp.where(ok, x[None], old), at)
-    else:
-        pool = pool.at[layer, slots].set(x, mode="drop")
-    return pool[0] if single else pool
-
-
 def _with_write(k_pool, v_pool, layer, write_locs, k_new, v_new):
     hkv, e = k_new.shape[2:]
     if write_locs is None:
         return k_pool, v_pool
-    return (_write_fresh(k_pool, layer, write_locs, k_new.reshape(-1, hkv, e)),
-            _write_fresh(v_pool, layer, write_locs, v_new.reshape(-1, hkv, e)))
+    return (write_fresh(k_pool, layer, write_locs, k_new.reshape(-1, hkv, e)),
+            write_fresh(v_pool, layer, write_locs, v_new.reshape(-1, hkv, e)))
 
 
 def _reference_with_write(q, k_new, v_new, k_pool, v_pool, page_table, prefix_lens, qmask, layer, write_locs, *,

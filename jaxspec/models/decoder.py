@@ -11,6 +11,12 @@ every matmul accumulation run in float32 (matmul inputs are cast to the weight d
 is ``kv_dtype`` (default bf16 on GPU, f32 on CPU). Attention is ``jaxspec.kernels.paged_attention`` (prefill,
 decode, verify and draft extend alike), its kernel picked by ``meta.implementation`` / ``meta.interpret``;
 queries and fresh K/V are cast to the pool dtype for it (softmax and accumulation in float32).
+
+Batch-invariant forwards (``meta.batch_invariant``): every matmul is ``invariant_matmul``, attention is
+``invariant_attention`` and the norms' mean square an ``ordered_sum``, so a row's logits do not depend on the
+other rows of the call (a verify window's row equals the same token decoded alone; a request's rows equal
+the same request in any batch); RoPE, the activations and the residual stream are elementwise. ``meta.implementation`` picks the matmul's kernel: ``"reference"``
+the jnp one, anything else ``"auto"`` (the Pallas kernel on a GPU).
 """
 
 import jax
@@ -20,6 +26,9 @@ from flax import nnx
 
 from jaxspec._validate import check
 from jaxspec.kernels import paged_attention
+from jaxspec.kernels.invariant_attention import invariant_attention
+from jaxspec.kernels.invariant_matmul import invariant_matmul
+from jaxspec.kernels.ordered_sum import ordered_sum
 from jaxspec.models.config import DecoderConfig
 from jaxspec.protocols import AttentionMetadata, PagedKVCache
 
@@ -50,9 +59,12 @@ class Linear(nnx.Module):
         self.kernel = _init(rngs, (fan_in, fan_out), fan_in, dtype)
         self.bias = nnx.Param(jnp.zeros((fan_out,), dtype)) if bias else None
 
-    def __call__(self, x):
+    def __call__(self, x, invariant=None):
+        """``invariant``: ``None``, or the ``invariant_matmul`` implementation of a batch-invariant forward."""
         w = self.kernel[...]
-        if w.dtype == _F32:
+        if invariant is not None:
+            y = invariant_matmul(x.reshape(-1, x.shape[-1]), w, implementation=invariant).reshape(*x.shape[:-1], -1)
+        elif w.dtype == _F32:
             y = jnp.einsum("...d,df->...f", x.astype(w.dtype), w, precision=PREC, preferred_element_type=_F32)
         else:
             y = _dot16(x.astype(w.dtype), w)  # the same product; one row padded to two (below)
@@ -86,6 +98,13 @@ def _dot16(x, w):
 CPU_REDUCE_HEAD_ROWS = (2, 32)
 
 
+def _invariant_impl(meta: AttentionMetadata):
+    """The ``invariant_matmul`` implementation of a batch-invariant forward, or None for a default one."""
+    if not meta.batch_invariant:
+        return None
+    return "reference" if meta.implementation == "reference" else "auto"
+
+
 def tied_head(x, w):
     """``x [..., D] . w [V, D]`` over ``D`` -> ``f32[..., V]``: the tied LM head (``w`` the embedding table).
 
@@ -111,9 +130,13 @@ class RMSNorm(nnx.Module):
         self.weight = nnx.Param(jnp.ones((dim,), dtype))
         self.eps = eps
 
-    def __call__(self, x):
+    def __call__(self, x, invariant: bool = False):
+        """``invariant``: the mean square as an ``ordered_sum`` (batch-invariant forwards)."""
         x = x.astype(_F32)
-        var = jnp.mean(x * x, axis=-1, keepdims=True)
+        if invariant:
+            var = (ordered_sum(x * x) / _F32(x.shape[-1]))[..., None]
+        else:
+            var = jnp.mean(x * x, axis=-1, keepdims=True)
         return x * jax.lax.rsqrt(var + self.eps) * _bcast(self.weight[...].astype(_F32), x.ndim)
 
 
@@ -172,11 +195,14 @@ class SelfAttention(nnx.Module):
         b, nq = meta.positions.shape
         e, hq, hkv = cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads
         inv_freq = rope_inv_freq(cfg)
-        qkv = self.qkv_proj(x)[:b].reshape(b, nq, hq + 2 * hkv, e)
+        inv = _invariant_impl(meta)
+        qkv = self.qkv_proj(x, inv)[:b].reshape(b, nq, hq + 2 * hkv, e)
         q = apply_rope(qkv[:, :, :hq], meta.positions, inv_freq)
         k = apply_rope(qkv[:, :, hq:hq + hkv], meta.positions, inv_freq)
         v = qkv[:, :, hq + hkv:]
-        if cache is None:  # dense forward (training, tests): no prefix and nothing paged, so the jnp reference
+        if inv is not None:
+            out, cache = self._invariant_attention(q, k, v, meta, cache, layer)
+        elif cache is None:  # dense forward (training, tests): no prefix and nothing paged, so the jnp reference
             pool = k.reshape(b * nq, hkv, e)
             out = paged_attention(q, k, v, pool, pool, meta.page_table[:, :0], meta.prefix_lens, meta.qmask,
                                   page_size=1, sm_scale=e**-0.5, implementation="reference")
@@ -196,7 +222,28 @@ class SelfAttention(nnx.Module):
             if locs is not None:
                 out, k_pool, v_pool = out
                 cache = PagedKVCache(k=k_pool, v=v_pool, req_to_token=cache.req_to_token)
-        return self.o_proj(out.reshape(b, nq, -1)), cache
+        return self.o_proj(out.reshape(b, nq, -1), inv), cache
+
+    def _invariant_attention(self, q, k, v, meta: AttentionMetadata, cache: PagedKVCache | None, layer: int):
+        """``invariant_attention`` over the paged pool (fresh K/V written at ``meta.write_locs``), or for a dense
+        forward over the fresh tokens alone (a pool of them)."""
+        b, nq, _, e = q.shape
+        if cache is None:
+            pool = k.reshape(b * nq, *k.shape[2:])
+            locs = jnp.arange(b * nq, dtype=jnp.int32).reshape(b, nq)
+            out, _, _ = invariant_attention(q, k, v, pool, v.reshape(pool.shape), meta.page_table[:, :0],
+                                            jnp.zeros((b,), jnp.int32), meta.positions - meta.positions[:, :1],
+                                            meta.qmask, locs, page_size=1, sm_scale=e**-0.5)
+            return out, None
+        if meta.write_locs is None:
+            raise ValueError("meta.write_locs: a batch-invariant forward over a paged cache writes its fresh K/V "
+                             "(it attends to them from the pool); got None")
+        dt = cache.k.dtype
+        locs = _write_slots(meta.write_locs, cache.k.shape[1]).reshape(b, nq)
+        out, k_pool, v_pool = invariant_attention(
+            q.astype(dt), k.astype(dt), v.astype(dt), cache.k, cache.v, meta.page_table, meta.prefix_lens,
+            meta.positions, meta.qmask, locs, page_size=meta.page_size, sm_scale=e**-0.5, layer=layer)
+        return out, PagedKVCache(k=k_pool, v=v_pool, req_to_token=cache.req_to_token)
 
 
 class MLP(nnx.Module):
@@ -209,10 +256,10 @@ class MLP(nnx.Module):
         self.gate_up_proj = Linear(d, 2 * f, bias=False, dtype=dtype, rngs=rngs)
         self.down_proj = Linear(f, d, bias=False, dtype=dtype, rngs=rngs)
 
-    def __call__(self, x):
+    def __call__(self, x, invariant=None):
         f = self.intermediate_size
-        gu = self.gate_up_proj(x)
-        return self.down_proj(jax.nn.silu(gu[..., :f]) * gu[..., f:])
+        gu = self.gate_up_proj(x, invariant)
+        return self.down_proj(jax.nn.silu(gu[..., :f]) * gu[..., f:], invariant)
 
 
 class DecoderLayer(nnx.Module):
@@ -224,10 +271,13 @@ class DecoderLayer(nnx.Module):
 
     def __call__(self, x, meta: AttentionMetadata, cache: PagedKVCache | None, layer: int):
         b, nq, _ = x.shape
-        two = b * nq == 1 and self.mlp.down_proj.kernel[...].dtype != _F32  # 16-bit single row: _with_zero_row
-        a, cache = self.self_attn(self.input_layernorm(_with_zero_row(x) if two else x), meta, cache, layer)
+        inv = _invariant_impl(meta)
+        # 16-bit single row: _with_zero_row (the invariant matmul pads rows itself)
+        two = b * nq == 1 and self.mlp.down_proj.kernel[...].dtype != _F32 and inv is None
+        on = inv is not None
+        a, cache = self.self_attn(self.input_layernorm(_with_zero_row(x) if two else x, on), meta, cache, layer)
         x = x + a
-        return x + self.mlp(self.post_attention_layernorm(_with_zero_row(x) if two else x))[:b], cache
+        return x + self.mlp(self.post_attention_layernorm(_with_zero_row(x) if two else x, on), inv)[:b], cache
 
 
 class Decoder(nnx.Module):
@@ -241,6 +291,8 @@ class Decoder(nnx.Module):
         a tuple of layer indices: ``hidden`` concatenates the residual stream *entering* each of those layers
         (SGLang's EAGLE-3 capture points; index ``L`` is the final pre-norm output), ``feature_size = len * D``.
     """
+
+    supports_batch_invariant = True  # honours ``AttentionMetadata.batch_invariant`` (module docstring)
 
     def __init__(self, cfg: DecoderConfig, *, rngs: nnx.Rngs, param_dtype=_F32, kv_dtype=None,
                  aux_layers: tuple[int, ...] | None = None):
@@ -291,11 +343,16 @@ class Decoder(nnx.Module):
     def embed(self, tokens):
         return self.embed_tokens[...][tokens].astype(_F32)
 
-    def logits(self, h):
-        """Shared head: ``f32[..., V]`` from the pre-norm hidden ``[..., D]``."""
-        x = self.norm(h)
+    def logits(self, h, invariant=None):
+        """Shared head: ``f32[..., V]`` from the pre-norm hidden ``[..., D]`` (``invariant``: the
+        ``invariant_matmul`` implementation of a batch-invariant forward, or None)."""
+        x = self.norm(h, invariant is not None)
         if self.lm_head is not None:
-            return self.lm_head(x)
+            return self.lm_head(x, invariant)
+        if invariant is not None:
+            w = self.embed_tokens[...]
+            y = invariant_matmul(x.reshape(-1, x.shape[-1]), w, transpose_w=True, implementation=invariant)
+            return y.reshape(*x.shape[:-1], w.shape[0])
         return tied_head(x, self.embed_tokens[...])
 
     def forward(self, tokens, meta: AttentionMetadata, cache: PagedKVCache | None):
@@ -312,4 +369,4 @@ class Decoder(nnx.Module):
         if self.aux_layers is not None and len(self.layers) in self.aux_layers:
             aux.append(x)
         hidden = x if self.aux_layers is None else jnp.concatenate(aux, axis=-1)
-        return self.logits(x), hidden, cache
+        return self.logits(x, _invariant_impl(meta)), hidden, cache

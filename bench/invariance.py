@@ -1,0 +1,311 @@
+"""Batch invariance on this device: whether a row's logits depend on the rows that share its forward, in the
+default mode and in the batch-invariant one, and what the mode costs.
+
+``python bench/invariance.py [--checks] [--timing] [--matmul] [--json PATH]`` (all three when none is named).
+
+* ``--checks``: a random bf16 target of SmolLM2-135M's widths (``--layers`` layers, default 4: the property is
+  per layer), page size 16. Four comparisons, each counting logit rows that are BITWISE equal and rows whose
+  argmax agrees, per mode:
+  ``extend``: N tokens decoded one forward each vs the same tokens in one causal forward (batch 8);
+  ``tree``: every node of a random 16-node tree verify forward (positions = prefix + depth, the ancestors'
+  mask) vs the causal forward of that node's path;
+  ``batch``: request 5 of a batch of 32 (random neighbours and lengths) vs the same request alone, prefill's
+  last row and the next decode step;
+  ``chunks``: a prompt prefilled whole vs in two chunks, then one decode step.
+* ``--timing``: SmolLM2-135M's shape (30 layers, random bf16 weights, one MTP layer drafting), context
+  ``--context``: decode tok/s of plain, chain (3,1,4) and tree (5,4,16) (speculative rows with SIMULATED
+  acceptance, mean 3.0, so the round's work is fixed) at ``--batches``, default mode vs batch-invariant, the
+  ratio of the two in one run.
+* ``--matmul``: ``invariant_matmul`` against the default product (``jnp.dot``, what ``Linear`` runs) at
+  SmolLM2's projection shapes and M = 1, 4, 32, 128, 512 rows, in device loops (us per call).
+"""
+
+import dataclasses
+import json
+import statistics
+import sys
+import time
+
+import _cli
+
+SPECS = {"chain": (3, 1, 4), "tree16": (5, 4, 16)}
+
+
+def _parse(argv):
+    ap = _cli.parser("invariance.py", __doc__)
+    ap.add_argument("--device", choices=["cpu", "gpu"], default="gpu", help="JAX platform to run on")
+    ap.add_argument("--checks", action="store_true", help="the bitwise comparisons")
+    ap.add_argument("--timing", action="store_true", help="decode tok/s, default vs batch-invariant")
+    ap.add_argument("--matmul", action="store_true", help="invariant_matmul vs jnp.dot")
+    ap.add_argument("--layers", type=int, default=4, help="layers of the checks' target")
+    ap.add_argument("--batches", default="1,8,32", help="comma list of batch sizes (timing)")
+    ap.add_argument("--configs", default="plain,chain,tree16", help="comma list of plain, chain, tree16 (timing)")
+    ap.add_argument("--context", type=int, default=512, help="tokens in the KV at the start of the timed loop")
+    ap.add_argument("--max-new", type=int, default=64, help="tokens generated per request in a timed loop")
+    ap.add_argument("--tiny", action="store_true", help="CPU-sized shapes (the test path)")
+    ap.add_argument("--json", default=None, help="write the results here")
+    return ap.parse_args(argv)
+
+
+def _config(layers: int, tiny: bool):
+    from jaxspec.models import DecoderConfig
+
+    if tiny:
+        return DecoderConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
+                             num_attention_heads=4, num_key_value_heads=2, head_dim=16, tie_word_embeddings=True,
+                             num_nextn_predict_layers=1)
+    return DecoderConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=layers,
+                         num_attention_heads=9, num_key_value_heads=3, head_dim=64, rms_norm_eps=1e-5,
+                         rope_theta=100000.0, tie_word_embeddings=True, num_nextn_predict_layers=1)
+
+
+# ------------------------------------------------------------------------------------------------- checks
+
+
+class _Forward:
+    """Jitted forwards of one target over one pool, in either mode."""
+
+    def __init__(self, target, batch: int, width: int, page: int):
+        import jax
+        import jax.numpy as jnp
+
+        from jaxspec.protocols import make_req_to_token
+
+        self.target, self.page, self.width = target, page, width
+        self.r2t = jnp.asarray(make_req_to_token(batch, width, page, seed=batch))
+        self.slots = batch * width + page
+        self.fn = jax.jit(lambda tok, meta, cache: target.forward(tok, meta, cache)[::2])
+
+    def cache(self):
+        return self.target.make_cache(self.r2t, self.slots)
+
+    def run(self, tokens, meta, cache, invariant: bool):
+        meta = dataclasses.replace(meta, batch_invariant=invariant)
+        return self.fn(tokens, meta, cache)
+
+    def prefill(self, tokens, lens, prefix, cache, invariant):
+        import jax.numpy as jnp
+
+        from jaxspec import pipeline
+
+        meta = pipeline.prefill_metadata(jnp.asarray(lens, jnp.int32), self.r2t, tokens.shape[1], page_size=self.page,
+                                         prefix_lens=jnp.asarray(prefix, jnp.int32))
+        return self.run(tokens, meta, cache, invariant)
+
+    def decode(self, tokens, seq, cache, invariant):
+        import jax.numpy as jnp
+
+        from jaxspec import pipeline
+
+        meta = pipeline.decode_metadata(jnp.asarray(seq, jnp.int32), self.r2t, page_size=self.page)
+        return self.run(tokens, meta, cache, invariant)
+
+
+def _count(a, b):
+    import numpy as np
+
+    a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
+    rows = a.reshape(-1, a.shape[-1]), b.reshape(-1, b.shape[-1])
+    same = int(np.sum(np.all(rows[0] == rows[1], axis=1)))
+    arg = int(np.sum(rows[0].argmax(-1) == rows[1].argmax(-1)))
+    return dict(rows=int(rows[0].shape[0]), bitwise=same, argmax=arg, max_abs=float(np.abs(a - b).max()))
+
+
+def _random_tree(rng, n: int):
+    import numpy as np
+
+    parent = np.full(n, -1)
+    for i in range(1, n):
+        parent[i] = rng.integers(max(0, i - 6), i)
+    depth = np.zeros(n, np.int32)
+    for i in range(1, n):
+        depth[i] = depth[parent[i]] + 1
+    mask = np.zeros((n, n), bool)
+    paths = []
+    for i in range(n):
+        j, path = i, []
+        while j >= 0:
+            mask[i, j] = True
+            path.append(j)
+            j = parent[j]
+        paths.append(path[::-1])
+    return depth, mask, paths
+
+
+def checks(args) -> dict:
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from flax import nnx
+
+    from jaxspec.models import Decoder
+    from jaxspec.protocols import AttentionMetadata, page_table_from_req_to_token
+
+    cfg = _config(args.layers, args.tiny)
+    target = Decoder(cfg, rngs=nnx.Rngs(0), param_dtype=jnp.bfloat16, kv_dtype=jnp.bfloat16)
+    v, page, width = cfg.vocab_size, 16, 256
+    rng = np.random.default_rng(0)
+    out = {}
+    for inv in (False, True):
+        mode = "invariant" if inv else "default"
+        res = out[mode] = {}
+        # extend: one forward per token vs one causal forward, batch 8
+        b, p, n = 8, 37, 6
+        fw = _Forward(target, b, width, page)
+        prompts = jnp.asarray(rng.integers(0, v, (b, p)), jnp.int32)
+        toks = jnp.asarray(rng.integers(0, v, (b, n)), jnp.int32)
+        _, c0 = fw.prefill(prompts, [p] * b, [0] * b, fw.cache(), inv)
+        c, rows = c0, []
+        for j in range(n):
+            lg, c = fw.decode(toks[:, j:j + 1], [p + j] * b, c, inv)
+            rows.append(lg[:, 0])
+        ext, _ = fw.prefill(toks, [n] * b, [p] * b, c0, inv)
+        res["extend"] = _count(jnp.stack(rows, 1), ext)
+        # tree: 16 nodes vs each node's path as a causal forward
+        nt = 16
+        depth, mask, paths = _random_tree(rng, nt)
+        ttoks = jnp.asarray(rng.integers(0, v, (b, nt)), jnp.int32)
+        meta = AttentionMetadata(
+            positions=jnp.asarray(p + depth[None].repeat(b, 0), jnp.int32), qmask=jnp.asarray(mask[None].repeat(b, 0)),
+            prefix_lens=jnp.full((b,), p, jnp.int32), page_table=page_table_from_req_to_token(fw.r2t, page),
+            write_locs=fw.r2t[:, p:p + nt], page_size=page)
+        tree, _ = fw.run(ttoks, meta, c0, inv)
+        path_rows = []
+        for i in range(nt):
+            lg, _ = fw.prefill(ttoks[:, paths[i]], [len(paths[i])] * b, [p] * b, c0, inv)
+            path_rows.append(lg[:, -1])
+        res["tree"] = _count(tree, jnp.stack(path_rows, 1))
+        # batch: request 5 of 32 vs alone
+        big, me = 32, 5
+        lens = rng.integers(8, 120, big)
+        lp = int(lens.max())
+        batch_prompts = np.asarray(rng.integers(0, v, (big, lp)), np.int32)
+        fb, f1 = _Forward(target, big, width, page), _Forward(target, 1, width, page)
+        lg_b, cb = fb.prefill(jnp.asarray(batch_prompts), lens, [0] * big, fb.cache(), inv)
+        alone = jnp.asarray(batch_prompts[me:me + 1, :lens[me]])
+        lg_1, c1 = f1.prefill(alone, [lens[me]], [0], f1.cache(), inv)
+        nxt = jnp.asarray(rng.integers(0, v, (big, 1)), jnp.int32)
+        d_b, _ = fb.decode(nxt, lens, cb, inv)
+        d_1, _ = f1.decode(nxt[me:me + 1], [lens[me]], c1, inv)
+        res["batch"] = _count(jnp.stack([lg_b[me, lens[me] - 1], d_b[me, 0]]), jnp.stack([lg_1[0, -1], d_1[0, 0]]))
+        # chunks: whole prompt vs two chunks, then one decode step
+        whole, cw = f1.prefill(alone, [lens[me]], [0], f1.cache(), inv)
+        cut = int(lens[me]) // 2
+        _, cc = f1.prefill(alone[:, :cut], [cut], [0], f1.cache(), inv)
+        part, cc = f1.prefill(alone[:, cut:], [int(lens[me]) - cut], [cut], cc, inv)
+        dw, _ = f1.decode(nxt[me:me + 1], [lens[me]], cw, inv)
+        dc, _ = f1.decode(nxt[me:me + 1], [lens[me]], cc, inv)
+        res["chunks"] = _count(jnp.stack([whole[0, -1], dw[0, 0]]), jnp.stack([part[0, -1], dc[0, 0]]))
+        jax.clear_caches()
+        print(mode, json.dumps(res), flush=True)
+    return out
+
+
+# ------------------------------------------------------------------------------------------------- timing
+
+
+def timing(args) -> list:
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from jaxspec.config import SpecConfig
+    from jaxspec.engine import Engine, SimulatedAccept
+    from jaxspec.models import MTPDrafter, MTPModel
+
+    from _e2e_parts import prefilled
+
+    cfg = _config(2 if args.tiny else 30, args.tiny)
+    model = MTPModel(cfg, rngs=nnx.Rngs(0), param_dtype=jnp.bfloat16, kv_dtype=jnp.bfloat16, num_mtp_layers=1,
+                     num_draft_steps=5)
+    width = -(-(args.context + args.max_new + 32) // 16) * 16
+    rows = []
+    for batch in [int(x) for x in args.batches.split(",")]:
+        for name in args.configs.split(","):
+            row = dict(config=name, batch=batch)
+            for inv in (False, True):
+                kw = dict(max_context=width, page_size=16, max_batch=batch, batch_invariant=inv)
+                if name == "plain":
+                    eng = Engine(model, None, **kw)
+                else:
+                    eng = Engine(model, MTPDrafter(model), spec=SpecConfig(*SPECS[name]),
+                                 simulate_accept=SimulatedAccept(mean=3.0), **kw)
+                times, t_first = [], None
+                for rep in range(3):
+                    state = prefilled(eng, batch, args.context, args.max_new)
+                    t0 = time.perf_counter()
+                    state = jax.block_until_ready(eng.run_decode(state))
+                    dt = time.perf_counter() - t0
+                    if rep == 0:
+                        t_first = dt
+                    else:
+                        times.append(dt)
+                toks = int(state.num_generated.sum()) - batch  # the prefill's token is not the loop's
+                med = statistics.median(times)
+                key = "invariant" if inv else "default"
+                row[f"{key}_tok_s"] = toks / med
+                row[f"{key}_compile_s"] = t_first - med
+                del eng, state
+                jax.clear_caches()
+            row["ratio"] = row["invariant_tok_s"] / row["default_tok_s"]
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+    return rows
+
+
+# ------------------------------------------------------------------------------------------------- matmul
+
+
+def matmul(args) -> list:
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from jaxspec.kernels import invariant_matmul
+
+    from _timing import device_time_us
+
+    cfg = _config(1, args.tiny)
+    d, f, e = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
+    qkv = (cfg.num_attention_heads + 2 * cfg.num_key_value_heads) * e
+    shapes = {"qkv": (d, qkv, False), "o": (cfg.num_attention_heads * e, d, False), "gate_up": (d, 2 * f, False),
+              "down": (f, d, False), "lm_head": (d, cfg.vocab_size, True)}
+    rng = np.random.default_rng(0)
+    rows = []
+    for name, (k, n, tw) in shapes.items():
+        w = jnp.asarray(rng.standard_normal((n, k) if tw else (k, n)) * k**-0.5, jnp.bfloat16)
+        for m in (1, 4, 32, 128, 512):
+            x = jnp.asarray(rng.standard_normal((m, k)), jnp.float32)
+            dims = (((1,), (1,)), ((), ())) if tw else (((1,), (0,)), ((), ()))
+
+            def default(c, w=w, dims=dims):
+                y = jax.lax.dot_general(c.astype(w.dtype), w, dims, preferred_element_type=jnp.float32)
+                return c + 1e-30 * y[:, :1]
+
+            def inv(c, w=w, tw=tw):
+                return c + 1e-30 * invariant_matmul(c, w, transpose_w=tw)[:, :1]
+
+            t_def, _ = device_time_us(default, x + 0, reps=50, trials=3)  # the loop donates its state
+            t_inv, _ = device_time_us(inv, x + 0, reps=50, trials=3)
+            row = dict(weight=name, k=k, n=n, m=m, default_us=t_def, invariant_us=t_inv, ratio=t_inv / max(t_def, 1e-9))
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+    return rows
+
+
+def main(argv=None):
+    args = _cli.parse_on_device(_parse, argv)
+    import jax
+
+    todo = [n for n in ("checks", "timing", "matmul") if getattr(args, n)] or ["checks", "timing", "matmul"]
+    out = dict(device=str(jax.devices()[0].device_kind), jax=jax.__version__)
+    for name in todo:
+        out[name] = dict(checks=checks, timing=timing, matmul=matmul)[name](args)
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(out, fh, indent=1)
+    return out
+
+
+if __name__ == "__main__":
+    sys.exit(0 if main() else 1)

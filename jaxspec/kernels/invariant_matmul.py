@@ -1,0 +1,135 @@
+"""Batch-invariant matmul: ``x [M, K] @ w [K, N]`` (or ``x @ w.T`` for ``w [N, K]``) in float32, each output
+row computed by the same sequence of operations whatever ``M`` is and wherever the row sits.
+
+Why: XLA:GPU picks a GEMM's tiling and split-K by the shape (autotuned per ``M``), and rewrites a one-row
+product into a reduction, so row ``i`` of a 4-row product need not equal the same row computed alone; in
+bf16 that flips near-tied argmaxes between a verify forward and plain decoding. Here the reduction order of
+an output element depends on ``K``, ``N`` and the dtype only.
+
+Implementations (``implementation=``, resolved like every kernel of ``jaxspec.kernels``):
+
+* ``"triton"`` (``"pallas"``; ``"auto"`` on a CUDA GPU): a Pallas Triton kernel with one fixed tile,
+  ``TILE_M x TILE_N`` outputs per program, walking ``K`` in ``TILE_K`` steps with one float32 accumulator
+  (no split-K). ``M`` only sets the number of programs, never the tile or the ``K`` order; rows past ``M``
+  are masked (zeros), so a row's neighbours cannot reach it.
+* ``"reference"`` (``"auto"`` elsewhere): pure jnp, the rows padded to blocks of ``TILE_M`` and the blocks
+  mapped one at a time (``lax.map``) through a ``[TILE_M, K] x [K, N]`` dot: every call runs the same
+  fixed-shape dot, so on a given backend a row's result does not depend on ``M`` either. The two
+  implementations sum in different orders (they agree to float32 rounding of the accumulation, not bit for
+  bit); choose one per deployment, as the batch-invariant mode does.
+
+Inputs are cast to ``w``'s dtype (bf16 weights: bf16 products, exact in float32); float32 weights multiply
+at full precision (never TF32).
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from jax.experimental import pallas as pl
+
+from jaxspec.kernels._dispatch import KernelOp, cdiv
+from jaxspec.kernels._triton import compiler_params, load, store
+
+TILE_M = 64  # output rows per program (one wgmma M tile)
+TILE_N = 64  # output columns per program
+TILE_K = 64  # reduction step
+NUM_WARPS = 4
+NUM_STAGES = 3
+
+__all__ = ["TILE_K", "TILE_M", "TILE_N", "invariant_matmul", "invariant_matmul_reference"]
+
+
+def _check(x, w, transpose_w):
+    if x.ndim != 2:
+        raise ValueError(f"x: expected a 2-D array [M, K], got shape {x.shape}")
+    if w.ndim != 2:
+        raise ValueError(f"w: expected a 2-D array, got shape {w.shape}")
+    k = w.shape[1] if transpose_w else w.shape[0]
+    if x.shape[1] != k:
+        want = "[N, K]" if transpose_w else "[K, N]"
+        raise ValueError(f"w: expected {want} with K={x.shape[1]} (x's columns), got shape {w.shape}")
+    for name, a in (("x", x), ("w", w)):
+        if a.dtype not in (jnp.bfloat16, jnp.float16, jnp.float32):
+            raise ValueError(f"{name}: expected bfloat16, float16 or float32, got {a.dtype}")
+    if x.shape[0] == 0:
+        raise ValueError("x: expected at least one row")
+
+
+def _precision(dtype):
+    return jax.lax.Precision.HIGHEST if dtype == jnp.float32 else None
+
+
+def _reference(x, w, *, transpose_w):
+    m, k = x.shape
+    x = x.astype(w.dtype)
+    blocks = jnp.pad(x, ((0, cdiv(m, TILE_M) * TILE_M - m), (0, 0))).reshape(-1, TILE_M, k)
+    dims = (((1,), (1,)), ((), ())) if transpose_w else (((1,), (0,)), ((), ()))
+
+    def block(xb):
+        return jax.lax.dot_general(xb, w, dims, precision=_precision(w.dtype), preferred_element_type=jnp.float32)
+
+    y = jax.lax.map(block, blocks)
+    return y.reshape(-1, y.shape[-1])[:m]
+
+
+def _kernel(x_ref, w_ref, o_ref, *, m, k, n, transpose_w):
+    i, j = pl.program_id(0), pl.program_id(1)
+    rows = i * TILE_M + jnp.arange(TILE_M, dtype=jnp.int32)
+    cols = j * TILE_N + jnp.arange(TILE_N, dtype=jnp.int32)
+    row_ok, col_ok = rows < m, cols < n
+    kk = jnp.arange(TILE_K, dtype=jnp.int32)
+    prec = _precision(w_ref.dtype)
+
+    def step(t, acc):
+        ks = t * TILE_K + kk
+        k_ok = ks < k
+        a = load(x_ref.at[rows[:, None], ks[None, :]], mask=row_ok[:, None] & k_ok[None, :], other=0)
+        if transpose_w:
+            b = load(w_ref.at[cols[:, None], ks[None, :]], mask=col_ok[:, None] & k_ok[None, :], other=0)
+            dims = (((1,), (1,)), ((), ()))
+        else:
+            b = load(w_ref.at[ks[:, None], cols[None, :]], mask=k_ok[:, None] & col_ok[None, :], other=0)
+            dims = (((1,), (0,)), ((), ()))
+        return acc + jax.lax.dot_general(a, b, dims, precision=prec, preferred_element_type=jnp.float32)
+
+    acc = jax.lax.fori_loop(0, cdiv(k, TILE_K), step, jnp.zeros((TILE_M, TILE_N), jnp.float32))
+    store(o_ref.at[rows[:, None], cols[None, :]], acc, mask=row_ok[:, None] & col_ok[None, :])
+
+
+def _triton(x, w, *, transpose_w, interpret):
+    m, k = x.shape
+    n = w.shape[0] if transpose_w else w.shape[1]
+    kernel = functools.partial(_kernel, m=m, k=k, n=n, transpose_w=transpose_w)
+    return pl.pallas_call(
+        kernel,
+        out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
+        grid=(cdiv(m, TILE_M), cdiv(n, TILE_N)),
+        interpret=interpret,
+        compiler_params=compiler_params(num_warps=NUM_WARPS, num_stages=NUM_STAGES),
+        name=f"invariant_matmul_k{k}_n{n}{'_t' if transpose_w else ''}",
+    )(x.astype(w.dtype), w)
+
+
+def _impl(x, w, *, transpose_w, implementation, interpret):
+    if implementation == "reference":
+        return _reference(x, w, transpose_w=transpose_w)
+    return _triton(x, w, transpose_w=transpose_w, interpret=interpret)
+
+
+_OP = KernelOp("invariant_matmul", _impl, static=("transpose_w",))
+
+
+def invariant_matmul(x, w, *, transpose_w: bool = False, implementation="auto", interpret: bool = False):
+    """``f32[M, N]``: ``x [M, K] @ w [K, N]``, or ``x @ w.T`` for ``w [N, K]`` with ``transpose_w=True`` (a tied
+    LM head), with a per-row reduction order independent of ``M`` and of the row's neighbours (module
+    docstring). Jittable; ``x`` is cast to ``w``'s dtype."""
+    _check(x, w, bool(transpose_w))
+    return _OP(x, w, transpose_w=bool(transpose_w), implementation=implementation, interpret=interpret)
+
+
+def invariant_matmul_reference(x, w, *, transpose_w: bool = False):
+    """The pure-jnp implementation of :func:`invariant_matmul` (fixed ``[TILE_M, K]`` blocks, one at a time)."""
+    _check(x, w, bool(transpose_w))
+    return _OP(x, w, transpose_w=bool(transpose_w), implementation="reference", interpret=False)
