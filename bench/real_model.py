@@ -16,7 +16,8 @@ it is measured, so a run cut short keeps what it measured):
   length (tokens per verify round) over all 80 prompts in one batch at temperature 0 (and ``--temperatures``),
   the per-request accept lengths' histogram, whether its greedy tokens equal plain decoding's, and tokens/s at
   ``--batches`` (generated tokens / seconds). Lossless: at temperature 0 every engine returns plain decoding's
-  tokens (up to bf16 near-ties between a 1-row and a multi-row forward).
+  tokens (up to bf16 near-ties between a 1-row and a multi-row forward; none in the batch-invariant mode).
+  ``--modes default,invariant`` runs the part once per mode (``Engine(batch_invariant=True)``), side by side.
 * ``hf``: transformers (the same GGUF via ``from_pretrained(dir, gguf_file=...)``, bf16, CUDA), equal work as in
   ``plain``: ``generate(do_sample=False)`` eager (dynamic cache), ``compile`` (its fastest documented path: static
   cache, forward under ``torch.compile(mode="reduce-overhead", fullgraph=True)``, one warm-up call per batch size),
@@ -58,6 +59,8 @@ def _parse(argv):
     ap.add_argument("--new-tokens", type=int, default=256, help="spec part: most tokens per request")
     ap.add_argument("--fixed-tokens", type=int, default=256, help="plain/hf parts: tokens per request")
     ap.add_argument("--temperatures", default="0,0.7", help="spec part: acceptance temperatures")
+    ap.add_argument("--modes", default="default",
+                    help="spec part: comma list of default, invariant (Engine(batch_invariant=True)), run in order")
     ap.add_argument("--accept-configs", default="eagle3-chain3,mtp-chain3",
                     help="configs whose acceptance is also measured at the non-zero temperatures")
     ap.add_argument("--accept-batch", type=int, default=None,
@@ -174,7 +177,7 @@ def _context(prompts, new_tokens, width, page):
     return -(-need // page) * page
 
 
-def part_spec(run, models, prompts, batches, args, eos_id):
+def part_spec(run, models, prompts, batches, args, eos_id, mode="default"):
     import numpy as np
 
     from jaxspec.config import SpecConfig
@@ -187,21 +190,23 @@ def part_spec(run, models, prompts, batches, args, eos_id):
     plain_tok = {}
     # plain reference: all prompts at temperature 0 (the lossless check), and tokens/s at --batches
     w = _context(prompts, args.new_tokens, 16, args.page_size)
-    plain = Engine(models.plain(), max_context=w, page_size=args.page_size, max_batch=most, eos_id=eos_id)
+    inv = mode == "invariant"
+    plain = Engine(models.plain(), max_context=w, page_size=args.page_size, max_batch=most, eos_id=eos_id,
+                   batch_invariant=inv)
     t0 = time.perf_counter()
     ref = _All(plain, prompts, args.new_tokens, chunk)
     plain_all_s = time.perf_counter() - t0
-    run.add(part="spec", engine="jaxspec", config="plain", batch=n_all, accept_len=1.0, tokens=_n_tokens(ref),
-            first_call_s=plain_all_s)
+    run.add(part="spec", mode=mode, engine="jaxspec", config="plain", batch=n_all, accept_len=1.0,
+            tokens=_n_tokens(ref), first_call_s=plain_all_s)
     ref_tokens = [np.asarray(t).tolist() for t in ref.tokens]
     for b in batches:
         if not run.time_left():
             return
         res, first_s, s = _timed(lambda: plain.generate(prompts[:b], args.new_tokens), args.repeats)
         plain_tok[b] = _n_tokens(res) / s
-        run.add(part="spec", engine="jaxspec", config="plain", batch=b, tokens=_n_tokens(res), seconds=s,
+        run.add(part="spec", mode=mode, engine="jaxspec", config="plain", batch=b, tokens=_n_tokens(res), seconds=s,
                 tok_s=plain_tok[b], first_call_s=first_s)
-        print(f"spec plain          b={b:<3d} {plain_tok[b]:10.1f} tok/s", flush=True)
+        print(f"spec plain          b={b:<3d} {plain_tok[b]:10.1f} tok/s ({mode})", flush=True)
     for name in args.configs.split(","):
         if not run.time_left():
             return
@@ -215,7 +220,7 @@ def part_spec(run, models, prompts, batches, args, eos_id):
         width = max(s.num_draft_tokens for s in specs)
         w = _context(prompts, args.new_tokens, width, args.page_size)
         eng = Engine(target, drafter, spec=specs if adaptive else specs[0], adaptive=True if adaptive else None,
-                     max_context=w, page_size=args.page_size, max_batch=most, eos_id=eos_id)
+                     max_context=w, page_size=args.page_size, max_batch=most, eos_id=eos_id, batch_invariant=inv)
         for t in [0.0] + ([x for x in temps if x > 0] if name in args.accept_configs.split(",") else []):
             if not run.time_left():
                 return
@@ -223,7 +228,7 @@ def part_spec(run, models, prompts, batches, args, eos_id):
             res = _All(eng, prompts, args.new_tokens, chunk, temperature=t, seed=0)
             first_s = time.perf_counter() - t0
             per_req = (res.num_accepted / np.maximum(res.num_rounds, 1)).tolist()
-            row = dict(part="spec", engine="jaxspec", config=name, specs=shapes, temperature=t, batch=n_all,
+            row = dict(part="spec", mode=mode, engine="jaxspec", config=name, specs=shapes, temperature=t, batch=n_all,
                        accept_len=res.mean_accept_length, accept_per_request=per_req, tokens=_n_tokens(res),
                        first_call_s=first_s)
             if res.mode_rounds is not None:
@@ -237,17 +242,18 @@ def part_spec(run, models, prompts, batches, args, eos_id):
                                            if not ok]
             run.add(**row)
             extra = f", {row['same_as_plain']}/{n_all} equal to plain" if t == 0.0 else ""
-            print(f"{name:<18s} T={t:<4g} accept {res.mean_accept_length:.3f}{extra}", flush=True)
+            print(f"{name:<18s} T={t:<4g} accept {res.mean_accept_length:.3f}{extra} ({mode})", flush=True)
         for b in batches:
             if not run.time_left():
                 return
             res, first_s, s = _timed(lambda: eng.generate(prompts[:b], args.new_tokens), args.repeats)
             tok_s = _n_tokens(res) / s
-            run.add(part="spec", engine="jaxspec", config=name, batch=b, tokens=_n_tokens(res), seconds=s, tok_s=tok_s,
+            run.add(part="spec", mode=mode, engine="jaxspec", config=name, batch=b, tokens=_n_tokens(res), seconds=s,
+                    tok_s=tok_s,
                     accept_len=res.mean_accept_length, first_call_s=first_s,
                     speedup=tok_s / plain_tok[b] if b in plain_tok else None)
             print(f"{name:<18s} b={b:<3d} {tok_s:10.1f} tok/s  {tok_s / plain_tok.get(b, float('nan')):.2f}x plain "
-                  f"(accept {res.mean_accept_length:.2f}; first call {first_s:.1f} s)", flush=True)
+                  f"(accept {res.mean_accept_length:.2f}; first call {first_s:.1f} s; {mode})", flush=True)
 
 
 # ------------------------------------------------------------------------------------------------ transformers
@@ -354,8 +360,12 @@ def main(argv=None) -> int:
     ours = {}
     if "plain" in parts:
         ours = part_plain(run, models, prompts, batches, args)
+    modes = [m for m in args.modes.split(",") if m]
+    if any(m not in ("default", "invariant") for m in modes):
+        raise SystemExit(f"--modes: expected default and/or invariant, got {args.modes!r}")
     if "spec" in parts:
-        part_spec(run, models, prompts, batches, args, eos)
+        for mode in modes:
+            part_spec(run, models, prompts, batches, args, eos, mode)
     if "hf" in parts and run.time_left():
         part_hf(run, prompts, batches, args, ours)
     if args.png:
