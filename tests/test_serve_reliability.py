@@ -26,6 +26,7 @@ import pytest
 
 openai = pytest.importorskip("openai")
 pytest.importorskip("aiohttp")
+pytest.importorskip("prometheus_client")
 
 from tokenizers import AddedToken  # noqa: E402
 from tokenizers import Tokenizer as Backend  # noqa: E402

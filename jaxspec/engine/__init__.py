@@ -16,6 +16,7 @@ from jaxspec.engine.slots import SlotChunks as SlotChunks
 from jaxspec.engine.slots import decode_slots as decode_slots
 from jaxspec.engine.slots import prefill_slots as prefill_slots
 from jaxspec.engine.slots import release_slots as release_slots
+from jaxspec.engine.slots import with_tables as with_tables
 from jaxspec.engine.state import SamplingParams as SamplingParams
 from jaxspec.engine.step import adaptive_step as adaptive_step
 from jaxspec.engine.step import plain_step as plain_step

@@ -3,7 +3,8 @@
 JetStream's ``prefill`` / ``insert`` / ``generate`` / ``free_resource`` in one state: ``Engine.fresh_slots``
 allocates it (every row done, its token table on the dummy page), ``prefill_slots`` prefills a batch of
 chunks into their slots in one call (several requests' chunks, padded to buckets), ``decode_slots`` runs the
-decode loop over the slot bucket ``[0, b)`` and ``release_slots`` marks rows done. ``Engine.generate`` is the
+decode loop over the slot bucket ``[0, b)``, ``release_slots`` marks rows done and ``with_tables`` gives the
+slots their KV pages (the token tables). ``Engine.generate`` is the
 special case of one batch prefilled into every row in order and decoded until all are done; the serving core
 (``jaxspec.serving``) admits, decodes and retires requests in slots as they come. Pure and jittable (the
 compiled entry points are ``engine.compiled``'s, shared by both).
@@ -105,6 +106,13 @@ def take_rows(state: DecodeState, rows: jax.Array) -> DecodeState:
 def put_rows(state: DecodeState, sub: DecodeState, rows: jax.Array) -> DecodeState:
     """``state`` with rows ``rows`` from ``sub`` (a ``take_rows``; rows out of range dropped), its pools."""
     return merge_rows(state, sub, lambda x, y: x.at[rows].set(y, mode="drop"))
+
+
+def with_tables(state: DecodeState, req_to_token: jax.Array) -> DecodeState:
+    """``state`` with every cache's token table (target and drafter) replaced by ``req_to_token i32[B, W]``
+    (a slot's positions on the KV pages it was given; the serving core derives it from its page table)."""
+    return jax.tree.map(lambda x: PagedKVCache(x.k, x.v, req_to_token) if _is_cache(x) else x, state,
+                        is_leaf=_is_cache)
 
 
 def release_slots(state: DecodeState, rows: jax.Array) -> DecodeState:

@@ -22,9 +22,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxspec.engine import functionalize_checks, release_slots
+from jaxspec.engine import functionalize_checks, release_slots, with_tables
 from jaxspec.kernels import Implementation, compute_out_cache_loc_uniform, pack_block_table_update, update_req_to_page
-from jaxspec.protocols import PagedKVCache
 
 
 def pack_rows(rows: dict[int, tuple[int, list[int]]], *, num_slots: int, max_pages: int):
@@ -50,13 +49,6 @@ def pack_rows(rows: dict[int, tuple[int, list[int]]], *, num_slots: int, max_pag
             pad(packed.new_occupied_pages_num, num_slots), pad(packed.pages_copy_starts, num_slots))
 
 
-def _set_tables(tree, req_to_token):
-    """``tree`` with every ``PagedKVCache``'s ``req_to_token`` replaced (target and drafter caches)."""
-    return jax.tree.map(
-        lambda x: PagedKVCache(x.k, x.v, req_to_token) if isinstance(x, PagedKVCache) else x, tree,
-        is_leaf=lambda x: isinstance(x, PagedKVCache))
-
-
 def refresh_tables(state, req_to_page, rpi, pages, num, starts, stop, *, page_size: int, max_context: int,
                    implementation: Implementation, interpret: bool):
     """Apply a packed refresh (``pack_rows``) to ``req_to_page`` (``update_req_to_page``), rebuild the token
@@ -68,7 +60,7 @@ def refresh_tables(state, req_to_page, rpi, pages, num, starts, stop, *, page_si
     b = r2p.shape[0]
     r2t = compute_out_cache_loc_uniform(jnp.zeros((b,), jnp.int32), jnp.arange(b, dtype=jnp.int32), r2p,
                                         page_size=page_size, uniform_input_length=max_context, **kw)
-    state = _set_tables(state, r2t.reshape(b, max_context))
+    state = with_tables(state, r2t.reshape(b, max_context))
     return release_slots(state, stop), r2p
 
 
