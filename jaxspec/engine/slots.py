@@ -110,9 +110,10 @@ def put_rows(state: DecodeState, sub: DecodeState, rows: jax.Array) -> DecodeSta
 
 def with_tables(state: DecodeState, req_to_token: jax.Array) -> DecodeState:
     """``state`` with every cache's token table (target and drafter) replaced by ``req_to_token i32[B, W]``
-    (a slot's positions on the KV pages it was given; the serving core derives it from its page table)."""
-    return jax.tree.map(lambda x: PagedKVCache(x.k, x.v, req_to_token) if _is_cache(x) else x, state,
-                        is_leaf=_is_cache)
+    (a slot's positions on the KV pages it was given; the serving core derives it from its page table). Each
+    cache gets its own copy: a donated state must not hold one buffer twice."""
+    return jax.tree.map(lambda x: PagedKVCache(x.k, x.v, jnp.array(req_to_token, copy=True)) if _is_cache(x) else x,
+                        state, is_leaf=_is_cache)
 
 
 def release_slots(state: DecodeState, rows: jax.Array) -> DecodeState:

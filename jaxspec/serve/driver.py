@@ -45,7 +45,7 @@ class Submission:
     params: RequestParams
     loop: asyncio.AbstractEventLoop
     request_id: str | None = None  # set by the driver once submitted
-    handle: RequestHandle | None = None  # the core's handle (its request's times and counters), once submitted
+    handle: RequestHandle | None = None  # the core's handle (its request's times and counters) while it runs
     seen: dict = dataclasses.field(default_factory=dict)  # what the metrics have observed of it (ServerMetrics)
     _events: list = dataclasses.field(default_factory=list)
     _waiter: asyncio.Future | None = None
@@ -162,6 +162,7 @@ class EngineDriver:
             del self._active[sub.request_id]
             se.cancel(sub.request_id)
             self.metrics.observe(sub.handle.request, 0, True, sub.seen)
+            sub.handle = None  # the core keeps nothing of a request it has served; nor does the driver
             if kind == "drop":
                 with self._lock:
                     self.finished["abort"] += 1
@@ -171,6 +172,8 @@ class EngineDriver:
         """Refuse from now on; every running request is told."""
         self.failed = f"the serving engine failed: {type(e).__name__}: {e}"
         posts = [(sub, ("failed", self.failed)) for sub in self._active.values()]
+        for sub in self._active.values():
+            sub.handle = None
         self._active.clear()
         return posts
 
@@ -190,6 +193,7 @@ class EngineDriver:
             self.metrics.observe(sub.handle.request, len(o.new_token_ids), o.finished, sub.seen)
             if o.finished:
                 del self._active[o.request_id]
+                sub.handle = None
         stats = se.stats()
         with self._lock:
             self.busy_seconds += dt
