@@ -43,13 +43,16 @@ Rows (one per mode and rate, written to ``--json`` as soon as measured): ``reque
 ``output_tokens``, ``duration_s`` (first arrival to last token), ``request_throughput`` and ``output_tok_s``
 over it, ``ttft_mean_s / ttft_p50_s / ttft_p99_s``, ``itl_p50_s / itl_p99_s``, ``tpot_mean_s``,
 ``chunk_gap_p50_s / chunk_gap_p99_s``, ``mean_accept_length`` (the core's ``stats()`` over the rate's steps),
-and per request ``n``, ``ttft_s``, ``latency_s``, ``finish_reason``. A failing configuration gives a row with
+and per request ``n``, ``ttft_s``, ``latency_s``, ``finish_reason``; in-process serving modes also ``steps``,
+``host_ms_per_step`` and ``device_ms_per_step`` (``ServingEngine.times``: the host's planning, packing,
+dispatching and output handling, and its wait for the step's one read). A failing configuration gives a row with
 ``error``. Warm-up: before a mode's first timed rate, ``--warmup`` requests at saturation (one prompt of every
 prompt-length bucket the workload uses, so every prefill executable is compiled), not counted.
 ``--budget-s``: no new (mode, rate) row starts after this many seconds.
 """
 
 import collections
+import dataclasses
 import json
 import os
 import socket
@@ -210,6 +213,16 @@ def drive(se, work, stop_ids=(), clock=time.perf_counter) -> tuple[list[Trace], 
     s1 = se.stats()
     rounds = s1.rounds - s0.rounds
     return traces, t0, (s1.accepted_tokens - s0.accepted_tokens) / rounds if rounds > 0 else None
+
+
+def step_breakdown(before, after) -> dict:
+    """Where the run's steps went, from two ``ServingEngine.times`` snapshots: ``steps`` (that read back),
+    ``host_ms_per_step`` (planning, packing, dispatching, taking outputs back) and ``device_ms_per_step`` (the
+    wait for the step's one read: device work the host did not hide)."""
+    n = after.steps - before.steps
+    per = (lambda x: x * 1e3 / n) if n else (lambda x: None)  # noqa: E731
+    return dict(steps=n, host_ms_per_step=per(after.host - before.host),
+                device_ms_per_step=per(after.device - before.device))
 
 
 def warm_work(prompts, count: int, max_new: int, page_ctx: int):
@@ -453,7 +466,9 @@ def _report(row):
           f"{row['output_tok_s']:8.1f} tok/s  {row['request_throughput']:6.2f} req/s  "
           f"TTFT mean/p99 {_fmt(row['ttft_mean_s'])}/{_fmt(row['ttft_p99_s'])} ms  "
           f"ITL p50/p99 {_fmt(row['itl_p50_s'])}/{_fmt(row['itl_p99_s'])} ms  "
-          f"accept {row.get('mean_accept_length') or '-'}  ({row['duration_s']:.1f} s)", flush=True)
+          f"accept {row.get('mean_accept_length') or '-'}  "
+          f"host/device {_fmt(row.get('host_ms_per_step'), 1)}/{_fmt(row.get('device_ms_per_step'), 1)} ms/step  "
+          f"({row['duration_s']:.1f} s)", flush=True)
 
 
 def run_mode(run, setup, mode, rates, args, http_server=None):
@@ -465,6 +480,7 @@ def run_mode(run, setup, mode, rates, args, http_server=None):
             return
         base = dict(mode=mode, rate=rate, max_batch=a.max_batch, rounds_per_step=a.rounds,
                     min_new=a.min_new, max_new=a.max_new)
+        breakdown = {}
         try:
             work = workload(setup.prompts, a.num_requests, rate, a.min_new, a.max_new, a.seed)
             t_build = time.perf_counter()
@@ -490,10 +506,12 @@ def run_mode(run, setup, mode, rates, args, http_server=None):
                     drive(se, warm_work(setup.prompts, a.warmup, 8, se.max_context), setup.stop_ids)
                 warmed = True
                 warm_s = time.perf_counter() - t_build
+                times = dataclasses.replace(se.times)
                 traces, t0, mean_acc = drive(se, work, setup.stop_ids)
+                breakdown = step_breakdown(times, se.times)
                 if mode == "plain":
                     mean_acc = 1.0
-            row = dict(base, **metrics(traces, t0), mean_accept_length=mean_acc, warmup_s=warm_s,
+            row = dict(base, **metrics(traces, t0), **breakdown, mean_accept_length=mean_acc, warmup_s=warm_s,
                        limits=[m for _, _, m in work],
                        itl_definition="a chunk of k tokens dt after the previous chunk: k gaps of dt/k")
             _report(run.add(row))

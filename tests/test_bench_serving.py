@@ -47,6 +47,8 @@ def test_in_process_modes(tmp_path):
     # no stop token on the tiny pair: every request generates exactly its limit
     for row in rows:
         assert [r["n"] for r in row["per_request"]] == row["limits"]
+    for row in rows[:-1]:  # the serving modes: where their steps' time went
+        assert row["steps"] > 0 and row["host_ms_per_step"] > 0 and row["device_ms_per_step"] >= 0
 
 
 def _server_importable() -> bool:

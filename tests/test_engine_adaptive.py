@@ -101,7 +101,8 @@ def test_adaptive_loop_has_no_conditional(adaptive, prompts):
     segment per mode (plain, chain, tree), each mode's own inner loops (here the tree mask's pointer jumps are
     unrolled): at least 4 ``while``s and no ``case`` / ``if`` in the lowered decode."""
     state, _, _ = adaptive.prepare(prompts, MAX_NEW)
-    text = adaptive._entry_points(False).decode.lower(adaptive.params, state, np.int32(-1), np.int32(5)).as_text()
+    text = adaptive._entry_points(False).decode.lower(adaptive.params, state, np.int32(-1), np.int32(5), np.bool_(False),
+                                                          bucket=state.done.shape[0]).as_text()
     assert text.count("stablehlo.case") == 0 and text.count("stablehlo.if") == 0
     assert text.count("stablehlo.while") >= 4
 

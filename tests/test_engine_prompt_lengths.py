@@ -10,7 +10,7 @@ import pytest
 from flax import nnx
 from jax.extend import core as jcore
 
-from jaxspec.engine import Engine
+from jaxspec.engine import Engine, SlotChunks
 from jaxspec.engine.memory import prompt_bucket
 from jaxspec.models import Decoder, DecoderConfig
 from jaxspec.testing import CompileCounter
@@ -86,6 +86,6 @@ def test_prefill_prefix_lengths_are_runtime_values(model):
     trace-time constant XLA would fold together with the masked scores at compile time."""
     eng = Engine(model, None, max_context=64, max_batch=1, implementation="reference")
     state, prompts, lens = eng.prepare([np.arange(1, 20)], 4)
-    closed = jax.make_jaxpr(eng._entry_points(False).prefill)(eng.params, state, prompts, lens)
+    closed = jax.make_jaxpr(eng._entry_points(False).prefill)(eng.params, state, SlotChunks(prompts, lens))
     found = _attention_prefix_inputs(closed, [True] * len(closed.jaxpr.invars))
     assert found and all(found), found

@@ -10,9 +10,10 @@ import sys
 
 TESTS = pathlib.Path(__file__).resolve().parent
 # optional packages (extras of pyproject.toml, or not installed where jaxspec is installed without dependencies)
-OPTIONAL = ("gguf", "openai", "aiohttp", "transformers", "torch", "triton", "matplotlib", "accelerate")
-# package modules that import an optional package when imported
-NEEDS = {"jaxspec.serve": "aiohttp"}
+OPTIONAL = ("gguf", "openai", "aiohttp", "prometheus_client", "transformers", "torch", "triton", "matplotlib",
+            "accelerate")
+# package modules that import optional packages when imported
+NEEDS = {"jaxspec.serve": ("aiohttp", "prometheus_client")}
 
 
 def _skipped_name(node) -> str | None:
@@ -35,10 +36,9 @@ def unguarded_imports(source: str) -> list[tuple[int, str]]:
         mods = ([a.name for a in node.names] if isinstance(node, ast.Import) else
                 [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
         for mod in mods:
-            need = mod.split(".")[0] if mod.split(".")[0] in OPTIONAL else next(
-                (p for m, p in NEEDS.items() if mod == m or mod.startswith(m + ".")), None)
-            if need is not None and need not in guarded:
-                bad.append((node.lineno, need))
+            needs = (mod.split(".")[0],) if mod.split(".")[0] in OPTIONAL else next(
+                (p for m, p in NEEDS.items() if mod == m or mod.startswith(m + ".")), ())
+            bad += [(node.lineno, need) for need in needs if need not in guarded]
     return bad
 
 
@@ -50,14 +50,16 @@ def test_every_test_module_guards_its_optional_imports():
 
 def test_the_rule_catches_an_unguarded_import():
     assert unguarded_imports("import gguf\n") == [(1, "gguf")]
-    assert unguarded_imports("from jaxspec.serve import build_app\n") == [(1, "aiohttp")]
+    assert unguarded_imports("from jaxspec.serve import build_app\n") == [(1, "aiohttp"), (1, "prometheus_client")]
+    assert unguarded_imports("import pytest\npytest.importorskip('aiohttp')\nfrom jaxspec.serve import app\n") == [
+        (3, "prometheus_client")]
     assert unguarded_imports("import pytest\nopenai = pytest.importorskip('openai')\nimport openai\n") == []
     assert unguarded_imports("def f():\n    import torch\n") == []  # inside a test: the test's own business
 
 
 def test_gpu_tests_collect_without_gguf_and_openai(tmp_path):
-    """``pytest -m gpu --collect-only`` with gguf, openai and aiohttp made unimportable."""
-    for name in ("gguf", "openai", "aiohttp"):
+    """``pytest -m gpu --collect-only`` with gguf, openai, aiohttp and prometheus_client made unimportable."""
+    for name in ("gguf", "openai", "aiohttp", "prometheus_client"):
         (tmp_path / name).mkdir()
         # what a missing package raises (pytest.importorskip skips on ModuleNotFoundError only)
         (tmp_path / name / "__init__.py").write_text(f"raise ModuleNotFoundError({'No module named ' + name!r}, "

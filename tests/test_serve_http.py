@@ -22,6 +22,8 @@ import pytest
 
 openai = pytest.importorskip("openai")
 pytest.importorskip("aiohttp")
+pytest.importorskip("prometheus_client")
+from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
 from http_helpers import http_request as _http  # noqa: E402
 from jaxspec.config import SpecConfig  # noqa: E402
@@ -86,21 +88,25 @@ def client(server):
 
 
 def _metrics(url: str) -> dict:
-    """``/metrics`` parsed: ``{name or name{labels}: value}``; every sample line follows its HELP and TYPE."""
+    """``/metrics`` parsed with prometheus-client's own parser: ``{sample or sample{labels}: value}`` (a counter
+    ``x`` is the sample ``x_total``, a histogram ``h`` the samples ``h_bucket{le=...}``, ``h_sum``, ``h_count``);
+    every family is a typed gauge, counter or histogram."""
     status, headers, body = _http(url, "GET", "/metrics")
     assert status == 200 and headers["Content-Type"].startswith("text/plain; version=0.0.4")
-    out, declared = {}, set()
-    for line in body.decode().splitlines():
-        if line.startswith("# TYPE "):
-            name, kind = line.split()[2:4]
-            assert kind in ("gauge", "counter")
-            declared.add(name)
-        elif not line.startswith("# HELP "):
-            m = re.fullmatch(r'([a-z_]+)(\{finish_reason="[a-z]+"\})? (\S+)', line)
-            assert m, line
-            assert m.group(1) in declared
-            out[m.group(1) + (m.group(2) or "")] = float(m.group(3))
+    out = {}
+    for family in text_string_to_metric_families(body.decode()):
+        assert family.type in ("gauge", "counter", "histogram"), (family.name, family.type)
+        for sample in family.samples:
+            labels = ",".join(f'{k}="{v}"' for k, v in sorted(sample.labels.items()))
+            out[sample.name + (f"{{{labels}}}" if labels else "")] = sample.value
     return out
+
+
+def _histogram(metrics: dict, name: str) -> tuple[list, float, float]:
+    """``([(le, cumulative count)] in order of le, sum, count)`` of histogram ``name``."""
+    buckets = sorted((float(k.split('le="')[1].rstrip('"}')), v) for k, v in metrics.items()
+                     if k.startswith(name + "_bucket{"))
+    return buckets, metrics[name + "_sum"], metrics[name + "_count"]
 
 
 def _complete(client, prompt, max_tokens, stream, **kw):
@@ -347,3 +353,36 @@ def test_models_health_metrics(server, client):
         assert name in m, name
     assert m["jaxspec_kv_pages_total"] == se.pool.capacity > 0
     assert m["jaxspec_requests_waiting"] == 0
+
+
+HISTOGRAMS = ("jaxspec_time_to_first_token_seconds", "jaxspec_inter_token_latency_seconds",
+              "jaxspec_e2e_request_latency_seconds", "jaxspec_request_queue_time_seconds", "jaxspec_spec_accept_length")
+
+
+def test_latency_histograms(server, client):
+    """``/metrics`` carries the latency histograms (cumulative buckets up to ``+Inf`` = the count): after four
+    completions, time to first token, end-to-end latency and queue time gained one observation per request,
+    inter-token latency one per token after each request's first output (so fewer than the tokens less one per
+    request, and some), the accept length one per decode round (plain decoding: every round accepts 1, so its
+    sum equals its count), and the latencies are positive and ordered (a request's first token comes before its
+    end)."""
+    url = server[0].url
+    before = _metrics(url)
+    tokens = sum(_complete(client, f"count: {i}", 12 + i, i % 2 == 0, extra_body={"ignore_eos": True})[2]
+                 for i in range(4))
+    after = _metrics(url)
+    delta = {}
+    for name in HISTOGRAMS:
+        buckets, total, count = _histogram(after, name)
+        assert buckets[-1][0] == float("inf") and buckets[-1][1] == count, name
+        assert all(a[1] <= b[1] for a, b in zip(buckets, buckets[1:])), (name, buckets)  # cumulative
+        old = _histogram(before, name) if name + "_count" in before else ([], 0.0, 0.0)
+        delta[name] = (count - old[2], total - old[1])
+    for name in ("jaxspec_time_to_first_token_seconds", "jaxspec_e2e_request_latency_seconds",
+                 "jaxspec_request_queue_time_seconds"):
+        assert delta[name][0] == 4, (name, delta[name])
+    assert 0 < delta["jaxspec_inter_token_latency_seconds"][0] <= tokens - 4
+    assert 0 < delta["jaxspec_time_to_first_token_seconds"][1] < delta["jaxspec_e2e_request_latency_seconds"][1]
+    assert delta["jaxspec_request_queue_time_seconds"][1] >= 0
+    rounds = after["jaxspec_decode_rounds_total"] - before["jaxspec_decode_rounds_total"]
+    assert delta["jaxspec_spec_accept_length"] == (rounds, rounds) and rounds > 0

@@ -26,6 +26,7 @@ import pytest
 
 openai = pytest.importorskip("openai")
 pytest.importorskip("aiohttp")
+pytest.importorskip("prometheus_client")
 
 from tokenizers import AddedToken  # noqa: E402
 from tokenizers import Tokenizer as Backend  # noqa: E402
@@ -37,7 +38,7 @@ from jaxspec.serve import ServerThread, build_app, cli  # noqa: E402
 from jaxspec.serve import app as app_module  # noqa: E402
 from jaxspec.serve import driver as driver_module  # noqa: E402
 from jaxspec.serving import RequestParams, ServingEngine  # noqa: E402
-from jaxspec.serving.core import Request  # noqa: E402
+from jaxspec.serving import Request  # noqa: E402
 from jaxspec.text import Tokenizer  # noqa: E402
 
 MODEL = "tiny-pair"

@@ -26,7 +26,6 @@ from jaxspec.engine import Engine
 from jaxspec.models import DEFAULT_WEIGHTS, MTPDrafter, load_pair
 from jaxspec.protocols import PagedKVCache
 from jaxspec.serving import RequestParams, PagePool, ServingEngine
-from jaxspec.serving.core import _chunk_fn, _decode_fn
 from jaxspec.testing import CompileCounter
 
 W = 64
@@ -87,7 +86,7 @@ def _check_pages(se: ServingEngine) -> None:
     table = np.asarray(se._state.target_cache.req_to_token)
     for r in se.scheduler.running.values():
         assert len(r.pages) <= r.worst_pages
-        on = set((table[r.slot, : se._seq_lens[r.slot]] // se.page_size).tolist())
+        on = set((table[r.slot, : r.seq_len] // se.page_size).tolist())
         assert on <= set(r.pages), (r.request_id, sorted(on - set(r.pages)))
     assert sorted(held + se.pool.free_pages()) == list(range(1, se.pool.num_pages))
 
@@ -239,25 +238,29 @@ def test_steady_state_compiles_nothing(spec):
     se.warmup(progress=lambda done, total, what: calls.append((done, total, what)))
     eng = se.engine
     assert se.slot_buckets == [1, 2, 4] and se.chunk_buckets == [8, 16]
-    # the progress line: one call before each executable (the table refresh, 2 prefills per chunk bucket, a decode
-    # per slot bucket)
-    assert calls == [(0, 8, "page tables"), (1, 8, "prefill chunk 8"), (2, 8, "last chunk 8"),
-                     (3, 8, "prefill chunk 16"), (4, 8, "last chunk 16"), (5, 8, "decode 1 slots"),
-                     (6, 8, "decode 2 slots"), (7, 8, "decode 4 slots"), (8, 8, "done")]
-    buckets = []
-    decode = se._decode
+    # every (chunk count, width) bucket a 16-token budget allows: up to 4 chunks of 8, and of 16 (9 + 1 + 1 + 1)
+    assert se.prefill_buckets == [(1, 8), (2, 8), (4, 8), (1, 16), (2, 16), (4, 16)]
+    # the progress line: one call before each executable (the table refresh, 2 prefills per prefill bucket, a
+    # decode per slot bucket)
+    names = ["page tables"] + [f"{k} {c} chunks of {p}" for c, p in se.prefill_buckets for k in ("prefill", "last")]
+    names += ["decode 1 slots", "decode 2 slots", "decode 4 slots", "done"]
+    assert calls == [(i, 16, what) for i, what in enumerate(names)]
+    entries = eng._entry_points(False)
+    compiled = (entries.decode._cache_size(), entries.prefill._cache_size(), entries.prefill_chunk._cache_size())
+    buckets, widths = [], []
+    decode, prefill = se._decode, se._prefill
     se._decode = lambda b: buckets.append(b) or decode(b)
+    se._prefill = lambda chunks, final, *a: widths.append(len(chunks)) or prefill(chunks, final, *a)
     before = COMPILES.count
     try:
         ids, streamed = _run(se, schedule, aborts)
     finally:
-        del se._decode
+        del se._decode, se._prefill
     assert COMPILES.count == before, COMPILES.count - before
     assert set(buckets) == {1, 2, 4}, sorted(set(buckets))
-    for b in se.slot_buckets:
-        assert _decode_fn(eng.graphdef, eng.treedef, eng.opts, False, b)._cache_size() == 1
-    for final in (False, True):
-        assert _chunk_fn(eng.graphdef, eng.treedef, eng.opts, False, final)._cache_size() >= 2
+    assert max(widths) >= 2  # requests admitted together shared one prefill call
+    assert (entries.decode._cache_size(), entries.prefill._cache_size(),
+            entries.prefill_chunk._cache_size()) == compiled
     _check_outputs(se, schedule, ids, streamed, aborts)
 
 
@@ -320,7 +323,7 @@ def test_several_rounds_per_step():
                 (2, _prompt(54, 5), 3), (3, _prompt(55, 12), 36)]
     ids, streamed = _run(se, schedule)
     _check_outputs(se, schedule, ids, streamed)
-    assert all(_decode_fn(eng.graphdef, eng.treedef, eng.opts, False, b)._cache_size() <= 1 for b in (1, 2, 4))
+    assert eng._entry_points(False).decode._cache_size() <= 3  # one per slot bucket 1, 2, 4, whatever R
     se = ServingEngine(eng, rounds_per_step=4)
     short = _add(se, np.array(_prompt(56, 4), np.int32), 2)  # its first round ends it
     long = _add(se, np.array(_prompt(57, 4), np.int32), 40)

@@ -15,35 +15,38 @@ import pytest
 
 from jaxspec.config import SpecConfig
 from jaxspec.engine import AdaptivePolicy, Engine
-from jaxspec.engine.state import DecodeState, SamplingParams
+from jaxspec.engine import DecodeState, SamplingParams
+from jaxspec.engine.slots import bucket_view, put_rows, take_rows, write_bucket
 from jaxspec.models import DEFAULT_WEIGHTS, MTPDrafter, load_pair
 from jaxspec.protocols import PagedKVCache
 from jaxspec.serving import PagePool, Request, RequestParams, Scheduler, ServingEngine
-from jaxspec.serving.core import _rows_view, _write_rows, prompt_buckets
+from jaxspec.serving.core import chunk_batch_buckets, prompt_buckets
 
 
 def _req(name, n=4):
     return Request(name, np.arange(n, dtype=np.int32), 4, worst_pages=1)
 
 
-def test_slots_lowest_first_and_the_bucket():
-    """Admitted requests take the lowest free slots; a freed low slot is taken again before any higher one; the
-    bucket is the power of two above the highest occupied slot (0 when none)."""
-    sched = Scheduler(8, PagePool(64))
-    assert sched.bucket() == 0
+def test_slots_lowest_first_and_the_decode_rows():
+    """Admitted requests take the lowest free slots; a freed low slot is taken again before any higher one; a
+    plan decodes the rows up to the highest occupied slot (0 rows when none decodes)."""
+    sched = Scheduler(8, PagePool(64), max_context=16, max_prefill_tokens=64)
+    assert sched.schedule().decode_rows == 0
     reqs = [_req(f"r{i}") for i in range(5)]
-    sched.waiting.extend(reqs[:3])
-    sched.schedule(64, 1)
-    assert [r.slot for r in reqs[:3]] == [0, 1, 2] and sched.bucket() == 4
-    sched.release(reqs[0])
-    sched.release(reqs[2])
-    assert sched.bucket() == 2  # slot 1 alone
-    sched.waiting.extend(reqs[3:])
-    sched.schedule(64, 1)
-    assert [reqs[3].slot, reqs[4].slot] == [0, 2] and sched.bucket() == 4
-    sched.release(reqs[1])
-    sched.release(reqs[4])
-    assert sched.bucket() == 1  # slot 0 alone
+    for r in reqs[:3]:
+        sched.add(r)
+    assert sched.schedule().decode_rows == 3
+    assert [r.slot for r in reqs[:3]] == [0, 1, 2]
+    sched.abort(reqs[0])
+    sched.abort(reqs[2])
+    assert sched.schedule().decode_rows == 2  # slot 1 alone
+    for r in reqs[3:]:
+        sched.add(r)
+    assert sched.schedule().decode_rows == 3
+    assert [reqs[3].slot, reqs[4].slot] == [0, 2]
+    sched.abort(reqs[1])
+    sched.abort(reqs[4])
+    assert sched.schedule().decode_rows == 1  # slot 0 alone
 
 
 def _state(b=4, w=6, x=16):
@@ -61,14 +64,14 @@ def test_bucket_view_and_write_back():
     """The view of rows [0, 2) is those rows of every per-row leaf and of the token table, the pools whole; the
     write-back changes rows [0, 2) and the pools only."""
     state = _state()
-    sub = _rows_view(state, 0, 2)
+    sub = bucket_view(state, 2)
     assert sub.seq_lens.shape == (2,) and sub.target_cache.req_to_token.shape == (2, 6)
     np.testing.assert_array_equal(sub.out_tokens, state.out_tokens[:2])
     assert sub.target_cache.k is state.target_cache.k
     new_k = sub.target_cache.k + 1
     sub = dataclasses.replace(sub, seq_lens=sub.seq_lens + 100, out_tokens=sub.out_tokens * 0 - 1,
                               target_cache=PagedKVCache(new_k, sub.target_cache.v, sub.target_cache.req_to_token))
-    out = _write_rows(state, sub, 0, None)
+    out = write_bucket(state, sub)
     np.testing.assert_array_equal(out.seq_lens[:2], state.seq_lens[:2] + 100)
     np.testing.assert_array_equal(out.seq_lens[2:], state.seq_lens[2:])
     np.testing.assert_array_equal(out.out_tokens[2:], state.out_tokens[2:])
@@ -76,6 +79,32 @@ def test_bucket_view_and_write_back():
     np.testing.assert_array_equal(out.target_cache.k, new_k)
     np.testing.assert_array_equal(out.target_cache.req_to_token, state.target_cache.req_to_token)
     np.testing.assert_array_equal(out.sampling.seed, state.sampling.seed)
+
+
+def test_take_and_put_rows():
+    """Gathered rows (a chunk batch's slots, one out of range: a padding chunk) read those rows and, out of
+    range, zeros (the dummy page); the scatter writes exactly the gathered rows back and drops the padding
+    one."""
+    state = _state()
+    rows = jnp.asarray([2, 0, 4], jnp.int32)
+    sub = take_rows(state, rows)
+    np.testing.assert_array_equal(sub.seq_lens, [state.seq_lens[2], state.seq_lens[0], 0])
+    np.testing.assert_array_equal(sub.target_cache.req_to_token[2], np.zeros(6))
+    np.testing.assert_array_equal(sub.target_cache.req_to_token[0], state.target_cache.req_to_token[2])
+    sub = dataclasses.replace(sub, seq_lens=jnp.asarray([70, 71, 72], jnp.int32))
+    out = put_rows(state, sub, rows)
+    np.testing.assert_array_equal(out.seq_lens, [71, state.seq_lens[1], 70, state.seq_lens[3]])
+    np.testing.assert_array_equal(out.bonus, state.bonus)
+    np.testing.assert_array_equal(out.target_cache.req_to_token, state.target_cache.req_to_token)
+
+
+def test_prefill_buckets_fit_the_budget():
+    """A prefill call's (chunk count, width) buckets: ``c`` chunks (more than half of ``c`` real ones, each at
+    least a token) with the longest in the width's bucket must fit the step's budget."""
+    assert chunk_batch_buckets([1, 2, 4], [8, 16], 16) == [(1, 8), (2, 8), (4, 8), (1, 16), (2, 16), (4, 16)]
+    assert chunk_batch_buckets([1, 2, 4, 8], [8], 4) == [(1, 8), (2, 8), (4, 8)]  # 5 chunks (bucket 8) need 5
+    assert chunk_batch_buckets([1, 2, 4], [8, 16, 32], 18) == [(1, 8), (2, 8), (4, 8), (1, 16), (2, 16), (4, 16),
+                                                               (1, 32), (2, 32)]
 
 
 @pytest.mark.parametrize("budget, width, want", [(16, 64, [8, 16]), (256, 64, [8, 16, 32, 64]), (24, 48, [8, 16, 32]),

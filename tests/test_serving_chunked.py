@@ -27,7 +27,7 @@ from jaxspec.models.eagle3 import EAGLE3Model, Eagle3Config, aux_layers_from_ids
 from jaxspec.models.eagle3_drafter import EAGLE3Drafter
 from jaxspec.protocols import PagedKVCache
 from jaxspec.serving import PagePool, Request, Scheduler, ServingEngine
-from jaxspec.serving.core import chunk_length
+from jaxspec.serving.scheduler import chunk_length
 
 CHAIN = SpecConfig(num_steps=3, topk=1, num_draft_tokens=4)
 TREE = SpecConfig(num_steps=3, topk=2, num_draft_tokens=6)
@@ -168,12 +168,13 @@ def test_chunk_length():
 def test_schedule_is_fcfs_under_the_budget():
     """The part-prefilled request first, then admissions in order while the budget lasts; each step at most the
     budget; the head always goes; every prompt whole after its chunks."""
-    sched = Scheduler(8, PagePool(64))
+    sched = Scheduler(8, PagePool(64), max_context=32, page_size=16, max_prefill_tokens=8, lookahead=3)
     reqs = [_req("a", 20), _req("b", 5), _req("c", 3), _req("d", 9), _req("e", 2)]
-    sched.waiting.extend(reqs)
+    for r in reqs:
+        sched.add(r)
     steps = []
     while sched.waiting or sched.prefilling:
-        chunks = sched.schedule(8, 3)
+        chunks = sched.schedule().chunks
         assert chunks and sum(c.length for c in chunks) <= 8
         steps.append([(c.req.request_id, c.start, c.length) for c in chunks])
     assert steps == [[("a", 0, 8)], [("a", 8, 8)], [("a", 16, 4), ("b", 0, 2)],  # b keeps 3 for its last chunk

@@ -79,9 +79,13 @@ def test_served_outputs_equal_solo_plain_and_nothing_recompiles(kind):
     se = ServingEngine(eng, rounds_per_step=2, max_prefill_tokens=8)
     se.warmup()  # slot buckets 1 and 2, chunk bucket 8
     priced = []  # (slot bucket, the costs its decode was given)
-    decode, call = se._decode, se._call
-    se._decode = lambda b: priced.append([b]) or decode(b)
-    se._call = lambda fn, *a: (len(a) == 4 and priced[-1].append(np.asarray(a[-1]))) or call(fn, *a)
+    decode_slots = eng.decode_slots
+
+    def priced_decode(state, *, bucket, **kw):  # the policy's price as the decode is given it
+        priced.append((bucket, np.asarray(state.policy.round_cost)) if state.policy is not None else (bucket, None))
+        return decode_slots(state, bucket=bucket, **kw)
+
+    eng.decode_slots = priced_decode
     vocab = int(target.vocab_size)
     first = _schedule(vocab, 0)
     assert _drive(se, first) == _solo(target, first)

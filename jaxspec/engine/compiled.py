@@ -1,10 +1,12 @@
 """The compiled entry points of the decode loops, shared by every ``Engine`` with equal structure and options.
 
-``prefill`` (the target's prefill and the drafter's extend, one executable per prompt bucket), ``decode``
-(the whole decode loop: a ``lax.while_loop`` over ``decode_step`` with per-request stopping, one executable
-per batch and output bucket, whatever the prompts' lengths) and ``step`` (one round, for the host-driven
-loop). ``Engine.generate`` dispatches prefill then decode without a host sync in between. The decode state
-is donated.
+They are the slot API's (``engine.slots``), the one compiled form of each piece for ``Engine.generate`` and
+the serving core alike: ``prefill`` / ``prefill_chunk`` (``prefill_slots`` of a batch of last / non-final
+chunks: the target's prefill and the drafter's extend, one executable per chunk-count and prompt bucket),
+``decode`` (``decode_slots``: the decode loop, a ``lax.while_loop`` over ``decode_step`` with per-request
+stopping, over a static slot bucket; one executable per bucket and output width, whatever the prompts'
+lengths) and ``step`` (one round, for the host-driven loop). ``Engine.generate`` dispatches prefill then
+decode without a host sync in between. The decode state is donated.
 """
 
 import functools
@@ -15,13 +17,15 @@ from flax import nnx
 from jax.experimental import checkify
 
 from jaxspec.engine.state import EngineOptions
-from jaxspec.engine.step import decode_loop, decode_step, prefill
+from jaxspec.engine.slots import decode_slots, prefill_slots
+from jaxspec.engine.step import decode_step
 
 
 class EntryPoints(NamedTuple):
-    prefill: object
-    step: object
-    decode: object
+    prefill: object  # (params, state, chunks: SlotChunks) -> state: last chunks
+    prefill_chunk: object  # the same for non-final chunks
+    step: object  # (params, state) -> state: one round
+    decode: object  # (params, state, force_mode, max_rounds, first_finish, bucket=) -> state
 
 
 def functionalize_checks(fn, checks: bool):
@@ -44,20 +48,24 @@ def entry_points(graphdef, treedef, opts: EngineOptions, checks: bool) -> EntryP
     def _models(leaves):
         return nnx.merge(graphdef, jax.tree.unflatten(treedef, leaves))
 
-    def _prefill(params, state, prompts, lens):
-        target, drafter = _models(params)
-        return prefill(target, drafter, opts, state, prompts, lens)
+    def _prefill(final, params, state, chunks):
+        return prefill_slots(*_models(params), opts, state, chunks, final=final)
 
     def _step(params, state):
         return decode_step(*_models(params), opts, state)
 
-    def _decode(params, state, force_mode, max_rounds):
-        return decode_loop(*_models(params), opts, state, force_mode, max_rounds)
+    def _decode(params, state, force_mode, max_rounds, first_finish, bucket):
+        def run(params, state, force_mode, max_rounds, first_finish):
+            return decode_slots(*_models(params), opts, state, bucket=bucket, max_rounds=max_rounds,
+                                force_mode=force_mode, first_finish=first_finish)
+
+        return functionalize_checks(run, checks)(params, state, force_mode, max_rounds, first_finish)
 
     return EntryPoints(
-        prefill=jax.jit(functionalize_checks(_prefill, checks), donate_argnums=(1,)),
+        prefill=jax.jit(functionalize_checks(functools.partial(_prefill, True), checks), donate_argnums=(1,)),
+        prefill_chunk=jax.jit(functionalize_checks(functools.partial(_prefill, False), checks), donate_argnums=(1,)),
         step=jax.jit(functionalize_checks(_step, checks), donate_argnums=(1,)),
-        decode=jax.jit(functionalize_checks(_decode, checks), donate_argnums=(1,)),
+        decode=jax.jit(_decode, donate_argnums=(1,), static_argnames=("bucket",)),
     )
 
 

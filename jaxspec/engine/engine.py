@@ -8,9 +8,12 @@ benchmark). What it is given is checked before anything is traced (``engine.chec
 page exhaustion, empty or out-of-vocabulary prompts raise ``ValueError``); the KV pools are sized at
 construction and refused up front when they would not fit in memory (``engine.memory``, which also holds
 the compile-cache buckets); the jitted entry points live in ``engine.compiled``, the calibration of
-adaptive engines in ``engine.calibrate``.
+adaptive engines in ``engine.calibrate``. The slot API (``fresh_slots``, ``prefill_slots``, ``decode_slots``;
+``engine.slots``) is what the serving core runs requests with: ``run_prefill`` / ``run_decode`` are its
+whole-batch case.
 """
 
+import dataclasses
 from typing import NamedTuple, Sequence
 
 import jax
@@ -26,10 +29,11 @@ from jaxspec.engine.compiled import EntryPoints, entry_points, split_models
 from jaxspec.engine.memory import allocate_state, check_pool_bytes, padded_prompts
 from jaxspec.engine.policy import AdaptivePolicy, PolicyState, init_policy_state
 from jaxspec.engine.simulate import SimulatedAccept
+from jaxspec.engine.slots import SlotChunks
 from jaxspec.engine.state import DecodeState, EngineOptions
-from jaxspec.engine.step import draft_spec_max_accept
+from jaxspec.engine.step import draft_spec_max_accept, prefill_lookahead
 from jaxspec.kernels import Implementation, batch_invariance_blocker, next_pow2
-from jaxspec.protocols import TargetModel, check_implements, make_req_to_token, num_pages_needed
+from jaxspec.protocols import PagedKVCache, TargetModel, check_implements, make_req_to_token, num_pages_needed
 
 
 class GenerateResult(NamedTuple):
@@ -196,12 +200,12 @@ class Engine:
             self._entries[checks] = entry_points(self.graphdef, self.treedef, self.opts, checks)
         return self._entries[checks]
 
-    def _call(self, name, *args):
+    def _call(self, name, *args, **static):
         checks = checks_enabled()
         fn = getattr(self._entry_points(checks), name)
         if not checks:
-            return fn(self.params, *args)
-        err, out = fn(self.params, *args)
+            return fn(self.params, *args, **static)
+        err, out = fn(self.params, *args, **static)
         msg = err.get()
         if msg is not None:
             raise ValueError(f"JAXSPEC_CHECKS: a check failed in Engine.{name}: {msg}")
@@ -232,8 +236,9 @@ class Engine:
         if max_rounds is not None and (not is_int(max_rounds) or not 1 <= max_rounds < 2**31):
             raise ValueError(f"max_rounds: expected None or an int in [1, 2**31), got {max_rounds!r}")
         # explicit transfers (allowed under jax.transfer_guard("disallow")), no jnp op dispatched per call
-        rounds = jax.device_put(np.int32(2**31 - 1 if max_rounds is None else int(max_rounds)))
-        out = self._call("decode", state, jax.device_put(np.int32(-1 if mode is None else int(mode))), rounds)
+        args = jax.device_put((np.int32(-1 if mode is None else int(mode)),
+                               np.int32(2**31 - 1 if max_rounds is None else int(max_rounds)), np.bool_(False)))
+        out = self._call("decode", state, *args, bucket=int(state.done.shape[0]))
         return out if mode is not None else self._remember(out)  # forced rounds (calibrate) teach nothing
 
     def _remember(self, state: DecodeState) -> DecodeState:
@@ -257,8 +262,69 @@ class Engine:
         return _calibrate.calibrate(self, batch_size, context=context, rounds=rounds)
 
     def run_prefill(self, state, prompts, prompt_lens) -> DecodeState:
-        """Jitted prefill (+ draft extend); ``state`` is donated."""
-        return self._call("prefill", state, prompts, prompt_lens)
+        """Jitted prefill (+ draft extend) of a prepared batch, prompt ``i`` into row ``i`` (``prefill_slots``);
+        ``state`` is donated."""
+        return self._call("prefill", state, SlotChunks(prompts, prompt_lens))
+
+    # ---------------------------------------------------------------- the slot API (engine.slots)
+    @property
+    def prefill_lookahead(self) -> int:
+        """Prompt tokens past a non-final chunk that its prefill reads (``SlotChunks.following``'s least width:
+        1, or a drafter's own, e.g. MTP's ``S``)."""
+        return prefill_lookahead(self.drafter, self.opts)
+
+    @property
+    def num_slots(self) -> int:
+        """Rows of ``fresh_slots``: ``max_batch`` rounded up to a power of two."""
+        return next_pow2(self.max_batch)
+
+    def fresh_slots(self, *, all_greedy: bool = True) -> DecodeState:
+        """A slot state of ``num_slots`` rows, every row done with its token table on the dummy page (page 0),
+        an output buffer of ``next_pow2(max_context)`` tokens per row; ``all_greedy=False``: the sampling
+        executables (per-row parameters come with each request's chunks). Adaptive engines: one policy for
+        the batch, priced at ``round_costs[num_slots]`` (calibrated here when missing)."""
+        if not isinstance(all_greedy, bool):
+            raise ValueError(f"all_greedy: expected a bool, got {all_greedy!r}")
+        b, w = self.num_slots, self.max_context
+        r2t = np.zeros((b, w), np.int32)  # every slot on the dummy page
+        num_slots = self.num_pages * self.page_size
+        tcache = self.target.make_cache(r2t, num_slots)
+        draft = tuple(self.drafter.init_state(spec, r2t, num_slots) for spec in self.opts.specs)
+        check_distinct_buffers(target_cache=tcache, draft=draft)
+        policy = None
+        if self.opts.adaptive is not None:  # one policy for the batch, learning across calls (a warm start)
+            if b not in self.round_costs:
+                self.calibrate(min(b, self.max_batch))
+            policy = init_policy_state(self.round_costs[b], draft_spec_max_accept(self.opts.specs))
+        sampling = check_sampling(b, self.vocab_size, 0.0, None, 1.0, 0)
+        state = allocate_state(tcache, draft, num_requests=b, max_new_tokens=np.full((b,), next_pow2(w), np.int32),
+                               eos_id=self.eos_id, sampling=sampling, vocab_size=self.vocab_size, policy=policy,
+                               simulate=None)
+        state = dataclasses.replace(state, done=jnp.ones((b,), bool), max_new_tokens=jnp.zeros((b,), jnp.int32),
+                                    all_greedy=all_greedy)
+        for path, leaf in jax.tree_util.tree_flatten_with_path(  # the policy belongs to the batch
+                dataclasses.replace(state, policy=None), is_leaf=lambda x: isinstance(x, PagedKVCache))[0]:
+            if not isinstance(leaf, PagedKVCache) and leaf.ndim and leaf.shape[0] != b:
+                raise ValueError(f"target / drafter: the decode state's leaf {jax.tree_util.keystr(path)} has shape "
+                                 f"{leaf.shape}; a slot-indexed leaf (leading dimension {b}) was expected")
+        return state
+
+    def prefill_slots(self, state: DecodeState, chunks: SlotChunks, *, final: bool) -> DecodeState:
+        """One jitted call prefilling ``chunks`` into their slots (``engine.slots.prefill_slots``): ``final``,
+        every chunk ends its prompt (its first token sampled), else none does; ``state`` is donated."""
+        return self._call("prefill" if final else "prefill_chunk", state, chunks)
+
+    def decode_slots(self, state: DecodeState, *, bucket: int, rounds: jax.Array, first_finish: bool = True
+                     ) -> DecodeState:
+        """One jitted call of up to ``rounds`` (a device ``i32[]``: any value shares the executable) decode
+        rounds over the slot bucket ``[0, bucket)`` (``engine.slots.decode_slots``; ``bucket`` a power of two
+        up to the state's rows), left at the first finish of a row decoding at the start when
+        ``first_finish``; ``state`` is donated. Adaptive engines use the state's policy as it is (its
+        ``round_cost`` the caller's)."""
+        if not is_int(bucket) or bucket < 1 or bucket > state.done.shape[0] or bucket & (bucket - 1):
+            raise ValueError(f"bucket: expected a power of two in [1, {state.done.shape[0]}], got {bucket!r}")
+        mode, finish = jax.device_put((np.int32(-1), np.bool_(first_finish)))
+        return self._call("decode", state, mode, rounds, finish, bucket=int(bucket))
 
     def run_step(self, state: DecodeState) -> DecodeState:
         """Jitted single round (``spec_step`` or ``plain_step``); ``state`` is donated."""

@@ -33,6 +33,7 @@ from jaxspec.kernels.kv_move import move_kv_cache as move_kv_cache
 from jaxspec.kernels.multi_layer_eagle import assign_hidden_states_pool as assign_hidden_states_pool
 from jaxspec.kernels.multi_layer_eagle import rotate_input_ids as rotate_input_ids
 from jaxspec.kernels.block_table import PageCapacityWarning as PageCapacityWarning
+from jaxspec.kernels.block_table import pack_block_table_update as pack_block_table_update
 from jaxspec.kernels.paged_cache_locs import compute_out_cache_loc as compute_out_cache_loc
 from jaxspec.kernels.paged_cache_locs import compute_out_cache_loc_uniform as compute_out_cache_loc_uniform
 from jaxspec.kernels.paged_cache_locs import fused_decode_input_prep as fused_decode_input_prep

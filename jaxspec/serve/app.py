@@ -2,7 +2,8 @@
 
 ``build_app(serving_engine, tokenizer, model_name)``: ``/v1/chat/completions`` (the checkpoint's chat template,
 stopping at ``tokenizer.chat_stop_token_ids``), ``/v1/completions`` (raw text or token ids, stopping at
-``tokenizer.eos_token_ids``), ``/v1/models``, ``/health``, ``/metrics`` (Prometheus text). ``stream: true``
+``tokenizer.eos_token_ids``), ``/v1/models``, ``/health``, ``/metrics`` (Prometheus text: counters, gauges and
+latency histograms, ``serve.metrics``). ``stream: true``
 answers with server-sent events in OpenAI's chunk shapes. A client that disconnects cancels its request.
 Each reply's text, ``token_ids``, usage and finish reason come from one ``jaxspec.text.Reply`` fed the core's
 tokens step by step (streamed or not): it ends the reply at a stop string, where the core ends it at a stop
@@ -27,6 +28,7 @@ from aiohttp import web
 
 from jaxspec.serve import protocol
 from jaxspec.serve.driver import DEFAULT_MAX_QUEUED_REQUESTS, EngineDriver, Submission
+from jaxspec.serve.metrics import CONTENT_TYPE
 from jaxspec.serving import ServingEngine
 from jaxspec.text import Reply, Tokenizer
 
@@ -235,29 +237,8 @@ async def health(request):
 
 
 async def metrics(request):
-    st, busy, finished = request.app[DRIVER].stats()
-    rate = st.generated_tokens / busy if busy > 0 else 0.0
-    rows = [
-        ("jaxspec_mean_accept_length", "gauge", "tokens committed per decode round (cumulative mean)",
-         st.mean_accept_length),
-        ("jaxspec_generated_tokens_total", "counter", "tokens generated", st.generated_tokens),
-        ("jaxspec_decode_rounds_total", "counter", "decode rounds run", st.rounds),
-        ("jaxspec_generation_tokens_per_second", "gauge", "generated tokens per second of engine step time",
-         rate),
-        ("jaxspec_requests_running", "gauge", "requests in a batch slot", st.running),
-        ("jaxspec_requests_waiting", "gauge", "requests queued for a slot or pages", st.waiting),
-        ("jaxspec_kv_pages_in_use", "gauge", "KV pages held by requests", st.pages_in_use),
-        ("jaxspec_kv_pages_total", "gauge", "KV pages of the pool", st.pages_total),
-    ]
-    lines = []
-    for name, kind, help_, value in rows:
-        lines += [f"# HELP {name} {help_}", f"# TYPE {name} {kind}", f"{name} {float(value):g}"]
-    lines += ["# HELP jaxspec_requests_finished_total requests ended, by finish reason",
-              "# TYPE jaxspec_requests_finished_total counter"]
-    lines += [f'jaxspec_requests_finished_total{{finish_reason="{k}"}} {v}' for k, v in sorted(finished.items())]
-    return web.Response(body=("\n".join(lines) + "\n").encode(),
-                        headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8",
-                                 "X-Content-Type-Options": "nosniff"})
+    return web.Response(body=request.app[DRIVER].metrics.render(),
+                        headers={"Content-Type": CONTENT_TYPE, "X-Content-Type-Options": "nosniff"})
 
 
 SERVED = web.AppKey("served", protocol.Served)

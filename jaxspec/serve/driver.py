@@ -26,7 +26,8 @@ import queue
 import threading
 import time
 
-from jaxspec.serving import RequestParams, ServingEngine
+from jaxspec.serve.metrics import ServerMetrics
+from jaxspec.serving import RequestHandle, RequestParams, ServingEngine
 
 
 # After posting a step's tokens the driver sleeps this long, so that the event loop's thread takes the GIL and
@@ -44,6 +45,8 @@ class Submission:
     params: RequestParams
     loop: asyncio.AbstractEventLoop
     request_id: str | None = None  # set by the driver once submitted
+    handle: RequestHandle | None = None  # the core's handle (its request's times and counters) while it runs
+    seen: dict = dataclasses.field(default_factory=dict)  # what the metrics have observed of it (ServerMetrics)
     _events: list = dataclasses.field(default_factory=list)
     _waiter: asyncio.Future | None = None
 
@@ -72,8 +75,9 @@ def _deliver(batch) -> None:
 class EngineDriver:
     """Owns ``serving_engine`` on one thread (module docstring). ``start()``, ``stop()``, ``submit`` / ``end``
     from any thread; ``stats()``: the last ``ServingEngine.stats()`` snapshot, ``busy_seconds`` (time spent in
-    ``step``) and ``finished`` (finish reason -> count). ``max_queued_requests``: how many requests may wait
-    beyond the free batch slots; one more is refused (``"busy"``)."""
+    ``step``) and ``finished`` (finish reason -> count); ``metrics``: the ``ServerMetrics`` it observes each
+    step's outputs into (``/metrics``). ``max_queued_requests``: how many requests may wait beyond the free
+    batch slots; one more is refused (``"busy"``)."""
 
     def __init__(self, serving_engine: ServingEngine, max_queued_requests: int = DEFAULT_MAX_QUEUED_REQUESTS):
         if not isinstance(serving_engine, ServingEngine):
@@ -92,6 +96,7 @@ class EngineDriver:
         self.busy_seconds = 0.0
         self.finished: collections.Counter = collections.Counter()
         self.failed: str | None = None
+        self.metrics = ServerMetrics(self.stats)
 
     def start(self) -> None:
         self._thread.start()
@@ -150,12 +155,14 @@ class EngineDriver:
             except Exception as e:  # noqa: BLE001 -- a refusal of this request alone, whatever its type
                 posts.append((sub, ("error", e)))
                 return True
-            sub.request_id = h.request_id
+            sub.request_id, sub.handle = h.request_id, h
             self._active[h.request_id] = sub
             posts.append((sub, ("accepted", None)))
         elif kind in ("cancel", "drop") and sub.request_id in self._active:
             del self._active[sub.request_id]
             se.cancel(sub.request_id)
+            self.metrics.observe(sub.handle.request, 0, True, sub.seen)
+            sub.handle = None  # the core keeps nothing of a request it has served; nor does the driver
             if kind == "drop":
                 with self._lock:
                     self.finished["abort"] += 1
@@ -165,6 +172,8 @@ class EngineDriver:
         """Refuse from now on; every running request is told."""
         self.failed = f"the serving engine failed: {type(e).__name__}: {e}"
         posts = [(sub, ("failed", self.failed)) for sub in self._active.values()]
+        for sub in self._active.values():
+            sub.handle = None
         self._active.clear()
         return posts
 
@@ -181,8 +190,10 @@ class EngineDriver:
             if sub is None:
                 continue
             posts.append((sub, ("tokens", o.new_token_ids, o.finished, o.finish_reason)))
+            self.metrics.observe(sub.handle.request, len(o.new_token_ids), o.finished, sub.seen)
             if o.finished:
                 del self._active[o.request_id]
+                sub.handle = None
         stats = se.stats()
         with self._lock:
             self.busy_seconds += dt

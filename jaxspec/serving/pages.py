@@ -1,4 +1,5 @@
-"""KV pages of the serving core: a host free list, and the jitted refresh of the device page tables.
+"""The device page tables of the serving core and their jitted refresh (the host free list, ``PagePool``, is the
+scheduler's: ``serving.scheduler``).
 
 The pool is the engine's (``Engine.num_pages`` pages of ``page_size`` slots; page 0 is the dummy page and is
 never handed out). The serving core keeps one pool-indexed page table ``req_to_page i32[B, M]`` on the device
@@ -15,61 +16,14 @@ reads. Both steps run TokenSpeed's ported kernels:
   dummy page.
 """
 
-import dataclasses
 import functools
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxspec.engine.compiled import functionalize_checks
-from jaxspec.kernels import Implementation
-from jaxspec.kernels.block_table import pack_block_table_update
-from jaxspec.kernels.paged_cache_locs import compute_out_cache_loc_uniform, update_req_to_page
-from jaxspec.protocols import PagedKVCache
-
-
-class PagePool:
-    """Host free list of the KV pool's pages ``1 .. num_pages - 1`` (page 0 is the dummy page).
-
-    ``allocate(n)`` hands out ``n`` pages (the most recently freed first, so retired requests' pages are
-    reused at once) and raises ``RuntimeError`` when fewer are free: the scheduler budgets pages before it
-    asks, so running out here is a bookkeeping bug, never a normal condition. ``free(pages)`` returns them and
-    refuses a page that is not out (double free, the dummy page, out of range)."""
-
-    def __init__(self, num_pages: int):
-        if num_pages < 2:
-            raise ValueError(f"num_pages: expected >= 2 (the dummy page 0 and at least one page), got {num_pages}")
-        self.num_pages = int(num_pages)
-        self._free = list(range(self.num_pages - 1, 0, -1))
-        self._out: set[int] = set()
-
-    @property
-    def capacity(self) -> int:
-        """Pages a request can ever be given (all but the dummy page)."""
-        return self.num_pages - 1
-
-    @property
-    def num_free(self) -> int:
-        return len(self._free)
-
-    def free_pages(self) -> list[int]:
-        """The free list (a copy)."""
-        return list(self._free)
-
-    def allocate(self, n: int) -> list[int]:
-        if n > len(self._free):
-            raise RuntimeError(f"page pool: {n} pages asked for, {len(self._free)} free")
-        out = [self._free.pop() for _ in range(n)]
-        self._out.update(out)
-        return out
-
-    def free(self, pages) -> None:
-        for p in pages:
-            if p not in self._out:
-                raise RuntimeError(f"page pool: page {p} freed but not allocated")
-            self._out.remove(p)
-            self._free.append(p)
+from jaxspec.engine import functionalize_checks, release_slots, with_tables
+from jaxspec.kernels import Implementation, compute_out_cache_loc_uniform, pack_block_table_update, update_req_to_page
 
 
 def pack_rows(rows: dict[int, tuple[int, list[int]]], *, num_slots: int, max_pages: int):
@@ -95,13 +49,6 @@ def pack_rows(rows: dict[int, tuple[int, list[int]]], *, num_slots: int, max_pag
             pad(packed.new_occupied_pages_num, num_slots), pad(packed.pages_copy_starts, num_slots))
 
 
-def _set_tables(tree, req_to_token):
-    """``tree`` with every ``PagedKVCache``'s ``req_to_token`` replaced (target and drafter caches)."""
-    return jax.tree.map(
-        lambda x: PagedKVCache(x.k, x.v, req_to_token) if isinstance(x, PagedKVCache) else x, tree,
-        is_leaf=lambda x: isinstance(x, PagedKVCache))
-
-
 def refresh_tables(state, req_to_page, rpi, pages, num, starts, stop, *, page_size: int, max_context: int,
                    implementation: Implementation, interpret: bool):
     """Apply a packed refresh (``pack_rows``) to ``req_to_page`` (``update_req_to_page``), rebuild the token
@@ -113,14 +60,14 @@ def refresh_tables(state, req_to_page, rpi, pages, num, starts, stop, *, page_si
     b = r2p.shape[0]
     r2t = compute_out_cache_loc_uniform(jnp.zeros((b,), jnp.int32), jnp.arange(b, dtype=jnp.int32), r2p,
                                         page_size=page_size, uniform_input_length=max_context, **kw)
-    state = _set_tables(state, r2t.reshape(b, max_context))
-    return dataclasses.replace(state, done=state.done | stop), r2p
+    state = with_tables(state, r2t.reshape(b, max_context))
+    return release_slots(state, stop), r2p
 
 
 @functools.lru_cache(maxsize=64)
 def refresh_fn(page_size: int, max_context: int, implementation: Implementation, interpret: bool, checks: bool):
     """``refresh_tables`` jitted for one static key (``state`` and ``req_to_page`` donated); with ``checks`` the
-    kernels' in-jit checks are functionalised (``engine.compiled.functionalize_checks``: returns ``(error, out)``)."""
+    kernels' in-jit checks are functionalised (``jaxspec.engine.functionalize_checks``: returns ``(error, out)``)."""
     fn = functools.partial(refresh_tables, page_size=page_size, max_context=max_context,
                            implementation=implementation, interpret=interpret)
     return jax.jit(functionalize_checks(fn, checks), donate_argnums=(0, 1))

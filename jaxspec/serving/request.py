@@ -98,8 +98,9 @@ class ServingStats(NamedTuple):
 class RequestHandle:
     """A submitted request. ``request_id``, ``status`` (``"waiting"`` / ``"running"`` / ``"finished"``),
     ``finish_reason`` (``"stop"`` / ``"length"`` / ``"abort"``, or None), ``output`` (token ids so far),
-    ``num_prompt_tokens``. Iterating yields its token ids as they come; when none is buffered it runs the core's
-    ``step()`` itself (single-threaded use; every other request advances too). ``cancel()`` ends it now."""
+    ``num_prompt_tokens``, ``request`` (the core's ``Request``: times and counters). Iterating yields its token
+    ids as they come; when none is buffered it runs the core's ``step()`` itself (single-threaded use; every
+    other request advances too). ``cancel()`` ends it now."""
 
     def __init__(self, core, request):
         self._core, self._req = core, request
@@ -122,7 +123,13 @@ class RequestHandle:
 
     @property
     def num_prompt_tokens(self) -> int:
-        return int(self._req.prompt.size)
+        return self._req.num_prompt_tokens
+
+    @property
+    def request(self):
+        """The core's ``Request`` (read only): its times (``arrival_time``, ``scheduled_time``,
+        ``first_token_time``, ``last_token_time``, ``finished_time``) and round counters."""
+        return self._req
 
     def __iter__(self):
         pos = 0
