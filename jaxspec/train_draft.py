@@ -40,8 +40,10 @@ self-distilled labels: the target's own argmax next token at row ``t + s + 1``; 
 ``mtp.safetensors`` holding only the MTP layer (``model.layers.{L}.*``, bf16); ``jaxspec.models.load_mtp_head``
 attaches it (``load_target_with_head`` loads a target with it).
 
-The data stage is ``jaxspec.data.self_distill``, the losses ``jaxspec.models.distill``; this module holds the
-training loop, its resumable state and the CLI.
+The data stage is ``jaxspec.data.self_distill``, the losses ``jaxspec.models.distill``, the jitted step
+``jaxspec.models.distill_step`` (the target's forward once per batch, then the head's forward and backward, then
+the optimizer); this module holds the training loop, its resumable state and the CLI. ``--draft-head-init target``
+starts the EAGLE-3 LM head from the target's LM-head rows of the draft vocabulary.
 
 Both: AdamW, warmup + cosine decay, gradient clip 0.5; a fixed seed (the batch of step ``i`` is drawn from
 ``default_rng([seed, i])``, so a resumed run sees the batches of an uninterrupted one); a tqdm bar;
