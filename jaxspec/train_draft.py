@@ -40,8 +40,10 @@ self-distilled labels: the target's own argmax next token at row ``t + s + 1``; 
 ``mtp.safetensors`` holding only the MTP layer (``model.layers.{L}.*``, bf16); ``jaxspec.models.load_mtp_head``
 attaches it (``load_target_with_head`` loads a target with it).
 
-The data stage is ``jaxspec.data.self_distill``, the losses ``jaxspec.models.distill``; this module holds the
-training loop, its resumable state and the CLI.
+The data stage is ``jaxspec.data.self_distill``, the losses ``jaxspec.models.distill``, the jitted step
+``jaxspec.models.distill_step`` (the target's forward once per batch, then the head's forward and backward, then
+the optimizer); this module holds the training loop, its resumable state and the CLI. ``--draft-head-init target``
+starts the EAGLE-3 LM head from the target's LM-head rows of the draft vocabulary.
 
 Both: AdamW, warmup + cosine decay, gradient clip 0.5; a fixed seed (the batch of step ``i`` is drawn from
 ``default_rng([seed, i])``, so a resumed run sees the batches of an uninterrupted one); a tqdm bar;
@@ -115,74 +117,37 @@ def _batch(tokens, mask, batch: int, seed: int, step: int):
 
 def train(target, tokens, mask, *, arch: str, out_dir: str, steps: int, batch: int, lr: float,
           draft_vocab: int = 8192, ttt_length: int = 7, mtp_steps: int = 3, aux_layer_ids=None,
-          seed: int = 0, ckpt_every: int = 200, log_every: int = 10, param_dtype=None, log=print):
+          draft_head_init: str = "random", seed: int = 0, ckpt_every: int = 200, log_every: int = 10,
+          param_dtype=None, log=print):
     """The training stage; returns ``(head, history)``: an ``EAGLE3Model`` or an ``MTPModel`` (the target with
-    the trained layer). Resumes from ``out_dir/train_state`` when it holds a state."""
-    import jax
+    the trained layer). Resumes from ``out_dir/train_state`` when it holds a state. ``draft_head_init``
+    (EAGLE-3): ``"random"``, or ``"target"`` for the target's LM-head columns of the draft vocabulary."""
     import jax.numpy as jnp
-    import optax
     from flax import nnx
     from tqdm import tqdm
 
-    from jaxspec.models.distill import eagle3_losses, mtp_losses
-    from jaxspec.models.eagle3 import EAGLE3Model, Eagle3Config, draft_vocab_from_counts
+    from jaxspec.models.distill_step import distill_step
+    from jaxspec.models.eagle3 import EAGLE3Model, Eagle3Config, draft_vocab_from_counts, init_lm_head_from_target
     from jaxspec.models.mtp import add_mtp_layers
 
+    if draft_head_init not in ("random", "target"):
+        raise ValueError(f"draft_head_init: expected 'random' or 'target', got {draft_head_init!r}")
     pdt = target.param_dtype if param_dtype is None else param_dtype
     if arch == "eagle3":
+        if not isinstance(draft_vocab, int) or draft_vocab < 1:
+            raise ValueError(f"draft_vocab: expected an int >= 1, got {draft_vocab!r}")
         counts = np.bincount(tokens[mask], minlength=target.vocab_size).astype(np.int64)
         d2t, _ = draft_vocab_from_counts(counts, min(draft_vocab, target.vocab_size))
         ecfg = Eagle3Config.for_target(target.cfg, draft_vocab_size=int(d2t.shape[0]), aux_layer_ids=aux_layer_ids)
         head = EAGLE3Model(ecfg, rngs=nnx.Rngs(seed), param_dtype=pdt, kv_dtype=target.kv_dtype, d2t=d2t)
-        graphdef, params, rest = nnx.split(head, nnx.Param, ...)
-        tgd, tstate = nnx.split(target)
-
-        def loss_fn(p, frozen, toks, msk):
-            return eagle3_losses(nnx.merge(graphdef, p, frozen[0]), nnx.merge(tgd, frozen[1]), toks, msk, ttt_length)
+        if draft_head_init == "target":
+            init_lm_head_from_target(head, target)
     elif arch == "mtp":
         head = add_mtp_layers(target, 1, rngs=nnx.Rngs(seed), num_draft_steps=mtp_steps)
-        trainable = nnx.All(nnx.Param, nnx.PathContains("mtp_layers"))
-        graphdef, params, rest = nnx.split(head, trainable, ...)
-        tstate = None
-
-        def loss_fn(p, frozen, toks, msk):
-            return mtp_losses(nnx.merge(graphdef, p, frozen[0]), toks, msk, mtp_steps)
     else:
         raise ValueError(f"arch: expected 'eagle3' or 'mtp', got {arch!r}")
-    n_steps = ttt_length if arch == "eagle3" else mtp_steps
-    weights = jnp.asarray([0.8**k for k in range(n_steps)], jnp.float32)
-    warm, total = max(1, steps // 30), max(steps, 2)
-
-    def sched(count):  # linear warmup, cosine decay to lr / 10 (written out: optax's uses a weakly typed power)
-        c = count.astype(jnp.float32)
-        frac = jnp.clip((c - warm) / max(1, total - warm), 0.0, 1.0)
-        cos = lr * (0.1 + 0.9 * 0.5 * (1.0 + jnp.cos(jnp.float32(np.pi) * frac)))
-        return jnp.where(c < warm, lr * c / warm, cos)
-
-    opt = optax.chain(optax.clip_by_global_norm(0.5), optax.adamw(sched, weight_decay=0.0))
-    # f32 master weights as a flat {name: array} dict (serializable); the step casts them to the compute dtype
-    paths = [k for k, _ in nnx.to_flat_state(params)]
-    names = ["/".join(str(x) for x in k) for k in paths]
-    dtypes = {n: v.get_value().dtype for n, (_, v) in zip(names, nnx.to_flat_state(params))}
-    master = {n: v.get_value().astype(jnp.float32) for n, (_, v) in zip(names, nnx.to_flat_state(params))}
-    opt_state = opt.init(master)
-
-    frozen = (rest, tstate)
-
-    def cast(m):
-        return nnx.from_flat_state([(k, m[n].astype(dtypes[n])) for k, n in zip(paths, names)])
-
-    @jax.jit
-    def step_fn(master, opt_state, frozen, toks, msk):
-        def f(m):
-            losses, accs = loss_fn(cast(m), frozen, toks, msk)
-            return jnp.sum(weights * losses), (losses, accs)
-
-        (_, (losses, accs)), grads = jax.value_and_grad(f, has_aux=True)(master)
-        with jax.numpy_dtype_promotion("standard"):  # optax's bias correction: float ** int step
-            updates, opt_state = opt.update(grads, opt_state, master)
-        return optax.apply_updates(master, updates), opt_state, losses, accs
-
+    ds = distill_step(target, head, arch, steps=steps, lr=lr, ttt_length=ttt_length, mtp_steps=mtp_steps)
+    master, opt_state = ds.master, ds.opt_state
     state_dir = os.path.join(out_dir, "train_state")
     start, history = 0, {"step": [], "loss": [], "accept": [], "seconds": []}
     if os.path.exists(os.path.join(state_dir, "state.json")):
@@ -192,7 +157,7 @@ def train(target, tokens, mask, *, arch: str, out_dir: str, steps: int, batch: i
     bar = tqdm(range(start, steps), desc=f"train {arch}", initial=start, total=steps, mininterval=2.0)
     for i in bar:
         toks, msk = _batch(tokens, mask, batch, seed, i)
-        master, opt_state, losses, accs = step_fn(master, opt_state, frozen, jnp.asarray(toks), jnp.asarray(msk))
+        master, opt_state, losses, accs = ds.step(master, opt_state, ds.frozen, jnp.asarray(toks), jnp.asarray(msk))
         done = i + 1
         if done % log_every == 0 or done == steps:
             lo, ac = np.asarray(losses).tolist(), np.asarray(accs).tolist()
@@ -203,8 +168,7 @@ def train(target, tokens, mask, *, arch: str, out_dir: str, steps: int, batch: i
             bar.set_postfix(loss=f"{lo[0]:.3f}", acc=" ".join(f"{a:.2f}" for a in ac))
         if done % ckpt_every == 0 or done == steps:
             save_train_state(state_dir, master, opt_state, done, history)
-    head = nnx.merge(graphdef, cast(master), rest)
-    return head, history
+    return ds.head(master), history
 
 
 def write_curves(out_dir: str, history: dict, arch: str) -> None:
@@ -292,8 +256,12 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--batch", type=int, default=64, help="sequences per optimizer step")
     ap.add_argument("--lr", type=float, default=5e-4, help="peak learning rate (warmup, then cosine decay to lr/10)")
     ap.add_argument("--draft-vocab", type=int, default=8192,
-                    help="EAGLE-3 draft vocabulary (the head is ~(5.1M + 576 * Vd) bf16 values for SmolLM2: 19.6 MB "
-                         "at 8192, 29 MB at 16384)")
+                    help="EAGLE-3 draft vocabulary, the most frequent reply tokens (>= the target's vocabulary: all "
+                         "of it). The head is ~(5.1M + 576 * Vd) bf16 values for SmolLM2: 19.6 MB at 8192, 48 MB at "
+                         "32768, 67 MB at 49152")
+    ap.add_argument("--draft-head-init", choices=("random", "target"), default="random",
+                    help="EAGLE-3 draft LM head at the start: random, or the target's LM-head rows of the draft "
+                         "vocabulary (SmolLM2: its tied embedding)")
     ap.add_argument("--ttt-length", type=int, default=7, help="EAGLE-3 training-time test steps unrolled")
     ap.add_argument("--mtp-steps", type=int, default=3, help="MTP draft steps the one MTP layer is trained over")
     ap.add_argument("--aux-layer-ids", help="EAGLE-3 ids (layer outputs, SGLang's convention); default SGLang's")
@@ -342,7 +310,8 @@ def main(argv=None):
         t1 = time.time()
         head, history = train(target, tokens, mask, arch=args.arch, out_dir=args.out, steps=args.steps,
                               batch=args.batch, lr=args.lr, draft_vocab=args.draft_vocab, ttt_length=args.ttt_length,
-                              mtp_steps=args.mtp_steps, aux_layer_ids=aux_ids, seed=args.seed,
+                              mtp_steps=args.mtp_steps, aux_layer_ids=aux_ids, draft_head_init=args.draft_head_init,
+                              seed=args.seed,
                               ckpt_every=args.ckpt_every, log_every=args.log_every)
         write_curves(args.out, history, args.arch)
         if args.arch == "eagle3":

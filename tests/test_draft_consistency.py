@@ -6,9 +6,9 @@ EAGLE-3:
   logits as ``EAGLE3Drafter`` after the target's paged prefill of ``tokens[:c]`` with first token ``tokens[c]``, and
   as the drafter's state after every engine round (the verify-window extend), for every prefix.
 * Step 1: the chain's second draft is the head run at position ``c`` over the committed draft K/V (rows
-  ``0 .. c - 1``) and itself (SGLang's draft decode); ``train_draft``'s step 1 at row ``c - 1`` (SpecForge's
-  training-time test, fed the same token) is the head run at position ``c - 1`` over rows ``0 .. c - 2`` and
-  itself. Both are checked against a dense forward of those rows: the two conventions differ by exactly that row.
+  ``0 .. c - 1``) and itself (SGLang's draft decode), checked against a dense forward of those rows;
+  ``train_draft``'s step 1 at row ``c - 1`` (SpecForge's training-time test, fed the same token) gives the same
+  logits.
 
 MTP: ``train_draft``'s teacher-forced steps 0 and 1 at row ``c - 1`` give ``MTPDrafter``'s chain after the prefill
 of ``tokens[:c]`` (step 1 fed the step-0 draft on both sides).
@@ -118,7 +118,7 @@ def test_step0_after_every_engine_round_is_the_training_forwards_prediction(pair
         np.testing.assert_allclose(lg, np.asarray(step0[0, c - 1]), **TOL)
 
 
-def test_step1_is_sglangs_draft_decode_and_training_is_specforges(pair):
+def test_step1_is_sglangs_draft_decode_and_the_training_step_1(pair):
     target, drafter, tokens = pair
     head = drafter.model
     ids = np.asarray(head.token_ids[...])
@@ -134,15 +134,12 @@ def test_step1_is_sglangs_draft_decode_and_training_is_specforges(pair):
         # SGLang: step 1 at position c over the committed rows 0 .. c - 1 and itself
         e = jnp.concatenate([step0_in[:, :c], emb[draft0][None, None]], 1)
         h = jnp.concatenate([h0[:, :c], h_last], 1)
-        out = _dense(head, e, h, np.arange(c + 1))[-1]
-        assert ids[int(jnp.argmax(head.logits(out)))] == drafts[i, 1]
-        # SpecForge: step 1 of row c - 1 (fed draft0 in place of token c + 1) at position c - 1 over rows 0 .. c - 2
+        ref = head.logits(_dense(head, e, h, np.arange(c + 1))[-1])
+        assert ids[int(jnp.argmax(ref))] == drafts[i, 1]
+        # SpecForge's training-time test: step 1 of row c - 1, fed draft0 in place of token c + 1
         seq = tokens.copy()
         seq[c + 1] = draft0
         _, (_, step1) = eagle3_step_logits(head, target, jnp.asarray(seq)[None], 2)
-        e = jnp.concatenate([step0_in[:, :c - 1], emb[draft0][None, None]], 1)
-        h = jnp.concatenate([h0[:, :c - 1], h_last], 1)
-        ref = head.logits(_dense(head, e, h, np.arange(c))[-1])
         np.testing.assert_allclose(np.asarray(step1[0, c - 1]), np.asarray(ref), **TOL)
 
 

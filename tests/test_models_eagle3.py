@@ -237,13 +237,13 @@ def test_load_refuses_bad_checkpoints(tmp_path):
 
 
 def _ttt_reference(q, ks, vs, step):
-    """SpecForge's LlamaAttention with cache_hidden, one head, looped: row t attends to step-0 keys r <= t - step
-    (causal mask, then the diagonals 0..step-1 masked) and to each later step's key at row t."""
+    """SpecForge's LlamaAttention with cache_hidden, one head, looped: row t attends to step-0 keys r <= t (the
+    plain causal mask: SpecForge no longer shifts it per step) and to each later step's key at row t."""
     t = q.shape[0]
     out = np.zeros_like(q)
     for i in range(t):
-        s = [q[i] @ ks[0][r] for r in range(t) if r <= i - step] + [q[i] @ kj[i] for kj in ks[1:]]
-        vals = [vs[0][r] for r in range(t) if r <= i - step] + [vj[i] for vj in vs[1:]]
+        s = [q[i] @ ks[0][r] for r in range(t) if r <= i] + [q[i] @ kj[i] for kj in ks[1:]]
+        vals = [vs[0][r] for r in range(t) if r <= i] + [vj[i] for vj in vs[1:]]
         s = np.asarray(s) / np.sqrt(q.shape[-1])
         p = np.exp(s - s.max())
         out[i] = (p / p.sum()) @ np.asarray(vals)
@@ -260,7 +260,7 @@ def test_ttt_attention_is_specforges():
     cache, outs = [], []
     for step, x in enumerate(xs):
         outs.append(attn.ttt(x, pos, step, cache))
-    qkv = [attn.qkv(x, pos) for x in xs]
+    qkv = [attn.qkv(x, pos + step) for step, x in enumerate(xs)]  # step k's RoPE at position t + k
     wo = np.asarray(attn.o_proj.kernel[...])
     for step in range(3):
         heads = []

@@ -90,8 +90,33 @@ def _dot16(x, w):
     x2 = x.reshape(rows, x.shape[-1])
     if rows == 1:
         x2 = jax.lax.optimization_barrier(_with_zero_row(x2))
-    y = jnp.dot(x2, w, precision=PREC, preferred_element_type=_F32)[:rows]
+    y = _dot_f32(x2, w)[:rows]
     return y.reshape(*lead, w.shape[1])
+
+
+@jax.custom_vjp
+def _dot_f32(x, w):
+    """``x [N, D] @ w [D, F]`` (same dtype) -> ``f32[N, F]``, HIGHEST. Its gradient multiplies in the operands'
+    dtype: the float32 cotangent is cast to it first, so a 16-bit layer's backward products stay 16-bit GEMMs
+    with float32 accumulation (autodiff would pair the f32 cotangent with the 16-bit operand, which XLA runs as
+    a float32 GEMM: on the H200 a bf16 draft head's backward took ~8x its forward's time). For float32
+    operands it is autodiff's gradient."""
+    return jnp.dot(x, w, precision=PREC, preferred_element_type=_F32)
+
+
+def _dot_f32_fwd(x, w):
+    return _dot_f32(x, w), (x, w)
+
+
+def _dot_f32_bwd(res, g):
+    x, w = res
+    g = g.astype(w.dtype)
+    dx = jnp.dot(g, w.T, precision=PREC, preferred_element_type=_F32).astype(x.dtype)
+    dw = jnp.dot(x.T, g, precision=PREC, preferred_element_type=_F32).astype(w.dtype)
+    return dx, dw
+
+
+_dot_f32.defvjp(_dot_f32_fwd, _dot_f32_bwd)
 
 
 # Row counts for which ``tied_head`` computes the product as a fused multiply-reduce on XLA:CPU (below).
@@ -360,6 +385,12 @@ class Decoder(nnx.Module):
 
         ``cache=None`` runs a dense forward over the fresh tokens only (``qmask``), writing nothing.
         """
+        x, hidden, cache = self.trunk(tokens, meta, cache)
+        return self.logits(x, _invariant_impl(meta)), hidden, cache
+
+    def trunk(self, tokens, meta: AttentionMetadata, cache: PagedKVCache | None):
+        """``forward`` without the head: ``(last pre-norm hidden f32[B, Q, D], hidden f32[B, Q, F], cache)``
+        (what training needs when it scores only some vocabulary columns)."""
         x = self.embed(tokens)
         aux = []
         for i, layer in enumerate(self.layers):
@@ -369,4 +400,4 @@ class Decoder(nnx.Module):
         if self.aux_layers is not None and len(self.layers) in self.aux_layers:
             aux.append(x)
         hidden = x if self.aux_layers is None else jnp.concatenate(aux, axis=-1)
-        return self.logits(x, _invariant_impl(meta)), hidden, cache
+        return x, hidden, cache

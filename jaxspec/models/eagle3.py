@@ -30,8 +30,8 @@ use the embedding as the head), ``target_hidden_size``, ``eagle_config``; ``mode
 ``lm_head.weight [Vd, H]``, ``d2t`` (int64 ``[Vd]``), ``t2d`` (bool ``[V]``).
 
 Training (``jaxspec.train_draft``) uses ``ttt_forward``: SpecForge's training-time test, the draft unrolled
-over its own hidden states with SpecForge's attention (step ``k``'s query at row ``t`` sees step-0 keys of rows
-``<= t - k`` and the keys of steps ``1..k`` at row ``t`` itself).
+over its own hidden states with SpecForge's attention (step ``k``'s query at row ``t``, at position ``t + k``, sees
+step-0 keys of rows ``<= t`` and the keys of steps ``1..k`` at row ``t`` itself: SGLang's draft step ``k``).
 """
 
 import dataclasses
@@ -44,7 +44,7 @@ import numpy as np
 from flax import nnx
 
 from jaxspec.models.config import DecoderConfig
-from jaxspec.models.decoder import MLP, PREC, Linear, RMSNorm, SelfAttention, apply_rope, rope_inv_freq
+from jaxspec.models.decoder import MLP, Linear, RMSNorm, SelfAttention, apply_rope, rope_inv_freq
 from jaxspec.protocols import AttentionMetadata, PagedKVCache
 
 _F32 = jnp.float32
@@ -190,27 +190,28 @@ class Eagle3Attention(SelfAttention):
                 qkv[:, :, hq + hkv:])
 
     def ttt(self, x, positions, step: int, kv_cache: list):
-        """Training-time-test attention of step ``step`` over ``x [B, T, 2H]`` (SpecForge ``LlamaAttention`` with
-        ``cache_hidden``): the query at row ``t`` sees step 0's keys at rows ``r <= t - step`` (causal, then
-        SpecForge's per-step mask of the diagonals ``0..step-1``) and, for each step ``1..step``, that step's key
-        at row ``t``. ``kv_cache``: the list of earlier steps' ``(k, v)``; this step's is appended."""
+        """Training-time-test attention of step ``step`` over ``x [B, T, 2H]`` (SpecForge's ``LlamaAttention``
+        with ``cache_hidden``): RoPE at ``positions + step``; the query at row ``t`` sees step 0's keys at rows
+        ``r <= t`` (causal) and, for each step ``1..step``, that step's key at row ``t``: what SGLang's draft step
+        ``step`` of the position after row ``t`` attends to. ``kv_cache``: the earlier steps' ``(k, v)``; this
+        step's is appended. Matmuls at the default precision (training only; the paged path keeps HIGHEST)."""
         cfg = self.cfg
         e, hq, hkv = cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads
         b, t, _ = x.shape
-        q, k, v = self.qkv(x, positions)
+        q, k, v = self.qkv(x, positions + step)
         kv_cache.append((k, v))
         rep = hq // hkv
         q = q.reshape(b, t, hkv, rep, e)
         k0, v0 = kv_cache[0]
-        s0 = jnp.einsum("bqgre,bkge->bgrqk", q, k0, precision=PREC) * e**-0.5
-        vis = jnp.arange(t)[None, :] <= jnp.arange(t)[:, None] - step
+        s0 = jnp.einsum("bqgre,bkge->bgrqk", q, k0) * e**-0.5
+        vis = jnp.arange(t)[None, :] <= jnp.arange(t)[:, None]
         s0 = jnp.where(vis[None, None, None], s0, -1e30)
-        diag = [jnp.einsum("bqgre,bqge->bgrq", q, kj, precision=PREC)[..., None] * e**-0.5 for kj, _ in kv_cache[1:]]
+        diag = [jnp.einsum("bqgre,bqge->bgrq", q, kj)[..., None] * e**-0.5 for kj, _ in kv_cache[1:]]
         s = jnp.concatenate([s0, *diag], axis=-1) if diag else s0
         p = jax.nn.softmax(s, axis=-1)
-        out = jnp.einsum("bgrqk,bkge->bqgre", p[..., :t], v0, precision=PREC)
+        out = jnp.einsum("bgrqk,bkge->bqgre", p[..., :t], v0)
         for j, (_, vj) in enumerate(kv_cache[1:]):
-            out = out + jnp.einsum("bgrq,bqge->bqgre", p[..., t + j], vj, precision=PREC)
+            out = out + jnp.einsum("bgrq,bqge->bqgre", p[..., t + j], vj)
         return self.o_proj(out.reshape(b, t, hq * e))
 
 
@@ -306,6 +307,23 @@ class EAGLE3Model(nnx.Module):
             outs.append(h)
         return outs
 
+
+
+def target_head_columns(target, token_ids):
+    """The target's LM head restricted to ``token_ids`` (``i32[Vd]``): ``[D, Vd]``, column ``j`` the head of token
+    ``token_ids[j]`` (the embedding rows of a tied target, SmolLM2's case)."""
+    if target.lm_head is not None:
+        return target.lm_head.kernel[...][:, token_ids]
+    return target.embed_tokens[...][token_ids].T
+
+
+def init_lm_head_from_target(head: EAGLE3Model, target) -> None:
+    """Set ``head``'s LM head to the target's columns of the draft vocabulary (``target_head_columns``): a trained
+    start for the draft's largest matrix (the draft's own final norm starts at ones, as the target's may not)."""
+    if target.cfg.hidden_size != head.hidden_size:
+        raise ValueError(f"target: hidden size {target.cfg.hidden_size} differs from the head's {head.hidden_size}")
+    w = target_head_columns(target, head.token_ids[...])
+    head.lm_head.kernel.set_value(w.astype(head.lm_head.kernel[...].dtype))
 
 # ------------------------------------------------------------------------------------------- checkpoint
 _LINEAR = {("fc",): "fc", ("lm_head",): "lm_head", ("midlayer", "self_attn", "o_proj"): "midlayer.self_attn.o_proj",
@@ -413,5 +431,6 @@ def load_eagle3(path: str, *, param_dtype=_F32, kv_dtype=None, num_target_layers
 
 __all__ = [
     "ARCHITECTURE", "EAGLE3Model", "Eagle3Config", "aux_layers_from_ids", "default_aux_layer_ids",
-    "draft_vocab_from_counts", "eagle3_tensors", "ids_from_aux_layers", "load_eagle3", "save_eagle3",
+    "draft_vocab_from_counts", "eagle3_tensors", "ids_from_aux_layers", "init_lm_head_from_target", "load_eagle3",
+    "save_eagle3", "target_head_columns",
 ]

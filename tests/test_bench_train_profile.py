@@ -1,0 +1,19 @@
+"""bench/train_profile.py at a tiny size on the CPU: every stage timed, the JSON written, a full-vocabulary head."""
+
+import json
+
+from bench_scripts import load
+
+
+def test_train_profile_writes_every_stage(tmp_path):
+    tp = load("train_profile")
+    out = tmp_path / "p.json"
+    result = tp.main(["--out", str(out), "--batch", "2", "--seq", "16", "--layers", "3", "--ttt-length", "2",
+                      "--draft-vocabs", "32,49152", "--reps", "1", "--device", "cpu"])
+    assert json.loads(out.read_text()) == result
+    assert result["backend"] == "cpu" and [r["draft_vocab"] for r in result["rows"]] == [32, 49152]
+    for row in result["rows"]:
+        assert all(row[k] > 0 for k in ("teacher_ms", "student_ms", "update_ms", "step_ms", "loss_step0"))
+        assert abs(row["tokens_per_s"] - 2 * 16 / (row["step_ms"] / 1e3)) < 1e-6 * row["tokens_per_s"]
+    small, full = result["rows"]
+    assert full["head_params"] - small["head_params"] == 576 * (49152 - 32)  # the LM head's rows, nothing else
