@@ -13,19 +13,48 @@ order of additions is written out, so the result for a query at position ``p`` i
 keys ``0..p`` whatever the call: decode, prefill (any chunking), chain or tree verify, alone or in a batch,
 and for any context width (trailing blocks add zero).
 
-Pure jnp by design: multiplies and written-out sums, no dot and no XLA reduction (whose order XLA picks by
-the shape); the max is exact in any order. The fresh K/V are written to the pool first and read back from
-it like the prefix.
+The fresh K/V are written to the pool first and read back from it like the prefix. Implementations
+(``implementation=``, resolved like every kernel of ``jaxspec.kernels``):
+
+* ``"triton"`` (``"pallas"``; ``"auto"`` on a CUDA GPU): a Pallas Triton kernel with one program per (request,
+  query, KV head). It walks the query's keys ``0..p`` in blocks of ``KEY_BLOCK`` positions, gathering each
+  block through the page table and the query's fresh slots, with an online softmax over a fixed
+  ``[rows, E] x [E, KEY_BLOCK]`` tile (the query's ``Hq / Hkv`` heads, zero rows up to 16): a program's inputs
+  are the query's own, so nothing of another query, request or call can reach its arithmetic.
+* ``"reference"`` (``"auto"`` elsewhere): pure jnp, multiplies and ``ordered_sum``s over the whole context
+  (no dot and no XLA reduction, whose order XLA picks by the shape; the max is exact in any order).
+
+Each implementation is invariant on its own; the two sum in different orders (they agree to float32
+rounding, not bit for bit), so one deployment uses one of them, as the batch-invariant mode does.
 """
+
+import functools
 
 import jax
 import jax.numpy as jnp
 
-from jaxspec.kernels._attention_parts import write_fresh
-from jaxspec.kernels._dispatch import cdiv
+from jax.experimental import pallas as pl
+
+from jaxspec.kernels._attention_parts import LOG2E, write_fresh
+from jaxspec.kernels._backend import Implementation, resolve_implementation
+from jaxspec.kernels._dispatch import cdiv, next_pow2
+from jaxspec.kernels._triton import compiler_params, load, store
 from jaxspec.kernels.ordered_sum import BLOCK, ordered_sum
 
-__all__ = ["invariant_attention"]
+KEY_BLOCK = 64  # key positions per step of the Triton kernel
+MIN_ROWS = 16  # Triton dots need at least 16 rows
+
+__all__ = ["KEY_BLOCK", "invariant_attention", "resolve_invariant_attention"]
+
+
+def _fresh_at(prefix_lens, positions, qmask, fresh_slots):
+    """``(slot i32[B, Q, D], has bool[B, Q, D])``: the pool slot of the fresh token query ``i`` sees at depth
+    ``d`` past the prefix (``has``: there is one)."""
+    nq = positions.shape[1]
+    depth = positions - prefix_lens[:, None]  # [B, Q]: a fresh token's place after the prefix
+    d = jnp.arange(nq, dtype=jnp.int32)
+    at = qmask[:, :, :, None] & (depth[:, None, :, None] == d[None, None, None, :])  # [B, Qi, Qj, D]
+    return jnp.sum(jnp.where(at, fresh_slots[:, None, :, None], 0), axis=2), jnp.any(at, axis=2)
 
 
 def _key_slots(page_table, prefix_lens, positions, qmask, fresh_slots, page_size, num_slots, width):
@@ -36,11 +65,7 @@ def _key_slots(page_table, prefix_lens, positions, qmask, fresh_slots, page_size
     pos = jnp.arange(width, dtype=jnp.int32)
     pages = jnp.clip(page_table[:, jnp.minimum(pos // g, page_table.shape[1] - 1)], 0, num_slots // g - 1)
     prefix_slot = pages * g + (pos % g)[None, :]  # [B, width]
-    depth = positions - prefix_lens[:, None]  # [B, Q]: a fresh token's place after the prefix
-    d = jnp.arange(nq, dtype=jnp.int32)
-    at = qmask[:, :, :, None] & (depth[:, None, :, None] == d[None, None, None, :])  # [B, Qi, Qj, D]
-    fresh_at = jnp.sum(jnp.where(at, fresh_slots[:, None, :, None], 0), axis=2)  # [B, Q, D]
-    has = jnp.any(at, axis=2)
+    fresh_at, has = _fresh_at(prefix_lens, positions, qmask, fresh_slots)
     off = pos[None, :] - prefix_lens[:, None]  # [B, width]
     idx = jnp.clip(off, 0, nq - 1)[:, None, :]
     in_prefix = (off < 0)[:, None, :]
@@ -49,6 +74,100 @@ def _key_slots(page_table, prefix_lens, positions, qmask, fresh_slots, page_size
     slots = jnp.where(in_prefix, prefix_slot[:, None, :], fresh)
     valid = in_prefix | fresh_ok
     return jnp.clip(slots, 0, num_slots - 1), valid
+
+
+def _reference(q, k_one, v_one, page_table, prefix_lens, positions, qmask, write_locs, *, page_size, sm_scale):
+    b, nq, hq, e = q.shape
+    hkv = k_one.shape[1]
+    grp = hq // hkv
+    f32 = jnp.float32
+    width = cdiv(page_table.shape[1] * page_size, BLOCK) * BLOCK
+    slots, valid = _key_slots(page_table, prefix_lens, positions, qmask, write_locs, page_size, k_one.shape[0],
+                              width)
+    kg = k_one[slots].astype(f32)  # [B, Q, W, Hkv, E]
+    vg = jnp.where(valid[..., None, None], v_one[slots].astype(f32), 0.0)  # 0 * NaN garbage would be NaN
+    qg = q.reshape(b, nq, hkv, grp, e).astype(f32)
+    s = ordered_sum(qg[:, :, :, :, None, :] * kg.transpose(0, 1, 3, 2, 4)[:, :, :, None])  # [B, Q, Hkv, G, W]
+    s = jnp.where(valid[:, :, None, None, :], s * f32(sm_scale), -jnp.inf)
+    m = jnp.max(s, axis=-1, keepdims=True)  # finite: every query sees itself
+    p = jnp.exp(s - m)
+    den = ordered_sum(p)  # [B, Q, Hkv, G]
+    num = ordered_sum(p[:, :, :, :, None, :] * vg.transpose(0, 1, 3, 4, 2)[:, :, :, None])  # [B, Q, Hkv, G, E]
+    out = num / den[..., None]
+    return out.reshape(b, nq, hq, e).astype(q.dtype)
+
+
+def _kernel(lay_ref, pt_ref, pre_ref, pos_ref, fat_ref, has_ref, q_ref, k_ref, v_ref, o_ref, *, page_size,
+            num_pages, width, nq, grp, num_kv, rows, head_dim, scale, layered):
+    b, i, h = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+    g = page_size
+    n_pre = pre_ref[b]
+    last = pos_ref[b, i]  # the query's own position: it sees the keys 0..last
+    e_pad = next_pow2(head_dim)
+    c = jnp.arange(e_pad, dtype=jnp.int32)
+    col = c < head_dim
+    r = jnp.arange(rows, dtype=jnp.int32)
+    row_ok = r < grp
+    heads = h * grp + jnp.minimum(r, grp - 1)
+    q = load(q_ref.at[b, i, heads[:, None], c[None, :]], mask=row_ok[:, None] & col[None, :], other=0)
+    j = jnp.arange(KEY_BLOCK, dtype=jnp.int32)
+    lay = lay_ref[0]
+    prec = jax.lax.Precision.HIGHEST if q.dtype == jnp.float32 else None
+
+    def step(t, carry):
+        acc, m, l = carry
+        kp = t * KEY_BLOCK + j
+        in_pre = kp < n_pre
+        off = kp - n_pre
+        d = jnp.clip(off, 0, nq - 1)
+        page = load(pt_ref.at[b, jnp.clip(kp // g, 0, width - 1)], mask=in_pre, other=0)
+        pre_slot = jnp.clip(page, 0, num_pages - 1) * g + kp % g
+        fresh_slot = load(fat_ref.at[b, i, d])
+        fresh_ok = load(has_ref.at[b, i, d]) != 0
+        ok = (in_pre | ((off >= 0) & (off < nq) & fresh_ok)) & (kp <= last)
+        slot = jnp.where(in_pre, pre_slot, fresh_slot)
+        idx = (slot[:, None], h, c[None, :])
+        kv_mask = ok[:, None] & col[None, :]
+        k = load(k_ref.at[(lay, *idx) if layered else idx], mask=kv_mask, other=0)
+        v = load(v_ref.at[(lay, *idx) if layered else idx], mask=kv_mask, other=0)
+        sc = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), precision=prec, preferred_element_type=jnp.float32)
+        sc = jnp.where(ok[None, :], sc * scale, -jnp.inf)
+        m_new = jnp.maximum(m, jnp.max(sc, axis=1))
+        p = jnp.exp2(sc - m_new[:, None])
+        alpha = jnp.exp2(m - m_new)
+        l = l * alpha + jnp.sum(p, axis=1)
+        acc = acc * alpha[:, None] + jax.lax.dot_general(
+            p.astype(v.dtype), v, (((1,), (0,)), ((), ())), precision=prec, preferred_element_type=jnp.float32)
+        return acc, m_new, l
+
+    init = (jnp.zeros((rows, e_pad), jnp.float32), jnp.full((rows,), -jnp.inf, jnp.float32),
+            jnp.zeros((rows,), jnp.float32))
+    acc, _, l = jax.lax.fori_loop(0, (last + KEY_BLOCK) // KEY_BLOCK, step, init)
+    out = (acc / l[:, None]).astype(o_ref.dtype)
+    # masked-off rows park on an out-of-range head (interpreted, a masked lane still writes its old value back)
+    dest = jnp.where(row_ok, h * grp + r, grp * num_kv)
+    store(o_ref.at[b, i, dest[:, None], c[None, :]], out, mask=row_ok[:, None] & col[None, :])
+
+
+def _triton(q, k_pool, v_pool, layer, page_table, prefix_lens, positions, qmask, write_locs, *, page_size,
+            sm_scale, interpret):
+    b, nq, hq, e = q.shape
+    hkv = k_pool.shape[-2]
+    grp = hq // hkv
+    fresh_at, has = _fresh_at(prefix_lens, positions, qmask, write_locs)
+    layered = layer is not None
+    lay = jnp.reshape(jnp.asarray(0 if layer is None else layer, jnp.int32), (1,))
+    kernel = functools.partial(
+        _kernel, page_size=page_size, num_pages=k_pool.shape[-3] // page_size, width=page_table.shape[1], nq=nq,
+        grp=grp, num_kv=hkv, rows=max(MIN_ROWS, next_pow2(grp)), head_dim=e, scale=float(sm_scale * LOG2E), layered=layered)
+    return pl.pallas_call(
+        kernel,
+        out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
+        grid=(b, nq, hkv),
+        interpret=interpret,
+        compiler_params=compiler_params(num_warps=4, num_stages=2),
+        name=f"invariant_attention_g{page_size}",
+    )(lay, page_table, prefix_lens, positions, fresh_at, has.astype(jnp.int32), q, k_pool, v_pool)
 
 
 def _check(q, k_new, k_pool, page_table, prefix_lens, positions, qmask, write_locs, layer):
@@ -72,36 +191,34 @@ def _check(q, k_new, k_pool, page_table, prefix_lens, positions, qmask, write_lo
         raise ValueError(f"qmask: expected bool[{b}, {nq}, {nq}], got {qmask.dtype}{list(qmask.shape)}")
 
 
+def resolve_invariant_attention(implementation: Implementation, interpret: bool) -> str:
+    """``"triton"`` or ``"reference"`` for ``invariant_attention`` (``kernels._backend.resolve_implementation``)."""
+    return resolve_implementation(implementation, interpret, backends=("triton",))
+
+
 def invariant_attention(q, k_new, v_new, k_pool, v_pool, page_table, prefix_lens, positions, qmask, write_locs, *,
-                        page_size, sm_scale, layer=None):
+                        page_size, sm_scale, layer=None, implementation: Implementation = "auto",
+                        interpret: bool = False):
     """Store the fresh ``k_new, v_new [B, Q, Hkv, E]`` in the pools (``[X, Hkv, E]``, or ``[L, X, Hkv, E]`` with
-    ``layer``) at ``write_locs i32[B, Q]`` (a slot outside ``[0, X)`` is not written), then attend: ``q [B, Q,
-    Hq, E]`` (the pool's dtype) with ``page_table i32[B, P]``, ``prefix_lens i32[B]``, ``positions i32[B, Q]``
-    (a fresh token sits at ``prefix_lens[b] + depth``) and ``qmask bool[B, Q, Q]`` (each query sees itself
-    and the fresh tokens on its path). Returns ``(out [B, Q, Hq, E] in q's dtype, k_pool, v_pool)``.
-    Softmax and sums in float32. Jittable; traced inside the caller's jit."""
+    ``layer``, an int or ``i32[]``) at ``write_locs i32[B, Q]`` (a slot outside ``[0, X)`` is not written),
+    then attend: ``q [B, Q, Hq, E]`` (the pool's dtype) with ``page_table i32[B, P]``, ``prefix_lens i32[B]``,
+    ``positions i32[B, Q]`` (a fresh token sits at ``prefix_lens[b] + depth``) and ``qmask bool[B, Q, Q]``
+    (each query sees itself and the fresh tokens on its path). Returns ``(out [B, Q, Hq, E] in q's dtype,
+    k_pool, v_pool)``. Softmax and sums in float32. Jittable (traced inside the caller's jit)."""
     _check(q, k_new, k_pool, page_table, prefix_lens, positions, qmask, write_locs, layer)
+    impl = resolve_invariant_attention(implementation, interpret)
     b, nq, hq, e = q.shape
     hkv = k_new.shape[2]
     flat = write_locs.reshape(-1)
     k_pool = write_fresh(k_pool, layer, flat, k_new.reshape(-1, hkv, e))
     v_pool = write_fresh(v_pool, layer, flat, v_new.reshape(-1, hkv, e))
-    k_one, v_one = k_pool, v_pool
-    if layer is not None:
-        k_one, v_one = (jax.lax.dynamic_index_in_dim(x, layer, 0, keepdims=False) for x in (k_pool, v_pool))
-    grp = hq // hkv
-    f32 = jnp.float32
-    width = cdiv(page_table.shape[1] * page_size, BLOCK) * BLOCK
-    slots, valid = _key_slots(page_table, prefix_lens, positions, qmask, write_locs, page_size, k_one.shape[0],
-                              width)
-    kg = k_one[slots].astype(f32)  # [B, Q, W, Hkv, E]
-    vg = jnp.where(valid[..., None, None], v_one[slots].astype(f32), 0.0)  # 0 * NaN garbage would be NaN
-    qg = q.reshape(b, nq, hkv, grp, e).astype(f32)
-    s = ordered_sum(qg[:, :, :, :, None, :] * kg.transpose(0, 1, 3, 2, 4)[:, :, :, None])  # [B, Q, Hkv, G, W]
-    s = jnp.where(valid[:, :, None, None, :], s * f32(sm_scale), -jnp.inf)
-    m = jnp.max(s, axis=-1, keepdims=True)  # finite: every query sees itself
-    p = jnp.exp(s - m)
-    den = ordered_sum(p)  # [B, Q, Hkv, G]
-    num = ordered_sum(p[:, :, :, :, None, :] * vg.transpose(0, 1, 3, 4, 2)[:, :, :, None])  # [B, Q, Hkv, G, E]
-    out = num / den[..., None]
-    return out.reshape(b, nq, hq, e).astype(q.dtype), k_pool, v_pool
+    kw = dict(page_size=page_size, sm_scale=sm_scale)
+    if impl == "triton":
+        out = _triton(q, k_pool, v_pool, layer, page_table, prefix_lens, positions, qmask, write_locs,
+                      interpret=interpret, **kw)
+    else:
+        k_one, v_one = k_pool, v_pool
+        if layer is not None:
+            k_one, v_one = (jax.lax.dynamic_index_in_dim(x, layer, 0, keepdims=False) for x in (k_pool, v_pool))
+        out = _reference(q, k_one, v_one, page_table, prefix_lens, positions, qmask, write_locs, **kw)
+    return out, k_pool, v_pool

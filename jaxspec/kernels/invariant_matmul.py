@@ -29,6 +29,7 @@ import jax.numpy as jnp
 
 from jax.experimental import pallas as pl
 
+from jaxspec.kernels._backend import Implementation
 from jaxspec.kernels._dispatch import KernelOp, cdiv
 from jaxspec.kernels._triton import compiler_params, load, store
 
@@ -121,7 +122,8 @@ def _impl(x, w, *, transpose_w, implementation, interpret):
 _OP = KernelOp("invariant_matmul", _impl, static=("transpose_w",))
 
 
-def invariant_matmul(x, w, *, transpose_w: bool = False, implementation="auto", interpret: bool = False):
+def invariant_matmul(x, w, *, transpose_w: bool = False, implementation: Implementation = "auto",
+                     interpret: bool = False):
     """``f32[M, N]``: ``x [M, K] @ w [K, N]``, or ``x @ w.T`` for ``w [N, K]`` with ``transpose_w=True`` (a tied
     LM head), with a per-row reduction order independent of ``M`` and of the row's neighbours (module
     docstring). Jittable; ``x`` is cast to ``w``'s dtype."""

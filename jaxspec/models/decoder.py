@@ -15,8 +15,9 @@ queries and fresh K/V are cast to the pool dtype for it (softmax and accumulatio
 Batch-invariant forwards (``meta.batch_invariant``): every matmul is ``invariant_matmul``, attention is
 ``invariant_attention`` and the norms' mean square an ``ordered_sum``, so a row's logits do not depend on the
 other rows of the call (a verify window's row equals the same token decoded alone; a request's rows equal
-the same request in any batch); RoPE, the activations and the residual stream are elementwise. ``meta.implementation`` picks the matmul's kernel: ``"reference"``
-the jnp one, anything else ``"auto"`` (the Pallas kernel on a GPU).
+the same request in any batch); RoPE, the activations and the residual stream are elementwise.
+``meta.implementation == "reference"`` runs their jnp references, anything else their Pallas kernels where
+they can (on a GPU, or interpreted with ``meta.interpret``).
 """
 
 import jax
@@ -60,10 +61,10 @@ class Linear(nnx.Module):
         self.bias = nnx.Param(jnp.zeros((fan_out,), dtype)) if bias else None
 
     def __call__(self, x, invariant=None):
-        """``invariant``: ``None``, or the ``invariant_matmul`` implementation of a batch-invariant forward."""
+        """``invariant``: ``None``, or the ``invariant_matmul`` kernel switch of a batch-invariant forward."""
         w = self.kernel[...]
         if invariant is not None:
-            y = invariant_matmul(x.reshape(-1, x.shape[-1]), w, implementation=invariant).reshape(*x.shape[:-1], -1)
+            y = invariant_matmul(x.reshape(-1, x.shape[-1]), w, **invariant).reshape(*x.shape[:-1], -1)
         elif w.dtype == _F32:
             y = jnp.einsum("...d,df->...f", x.astype(w.dtype), w, precision=PREC, preferred_element_type=_F32)
         else:
@@ -123,11 +124,15 @@ _dot_f32.defvjp(_dot_f32_fwd, _dot_f32_bwd)
 CPU_REDUCE_HEAD_ROWS = (2, 32)
 
 
-def _invariant_impl(meta: AttentionMetadata):
-    """The ``invariant_matmul`` implementation of a batch-invariant forward, or None for a default one."""
+def _invariant_impl(meta: AttentionMetadata) -> dict | None:
+    """The kernel switch (``implementation`` / ``interpret``) of a batch-invariant forward's ``invariant_matmul``
+    and ``invariant_attention``, or None for a default forward: ``"reference"`` stays the jnp reference, any other
+    choice runs the Pallas kernels where they can (``"pallas"`` when interpreting, else ``"auto"``)."""
     if not meta.batch_invariant:
         return None
-    return "reference" if meta.implementation == "reference" else "auto"
+    if meta.implementation == "reference":
+        return dict(implementation="reference", interpret=False)
+    return dict(implementation="pallas" if meta.interpret else "auto", interpret=meta.interpret)
 
 
 def tied_head(x, w):
@@ -226,7 +231,7 @@ class SelfAttention(nnx.Module):
         k = apply_rope(qkv[:, :, hq:hq + hkv], meta.positions, inv_freq)
         v = qkv[:, :, hq + hkv:]
         if inv is not None:
-            out, cache = self._invariant_attention(q, k, v, meta, cache, layer)
+            out, cache = self._invariant_attention(q, k, v, meta, cache, layer, inv)
         elif cache is None:  # dense forward (training, tests): no prefix and nothing paged, so the jnp reference
             pool = k.reshape(b * nq, hkv, e)
             out = paged_attention(q, k, v, pool, pool, meta.page_table[:, :0], meta.prefix_lens, meta.qmask,
@@ -249,7 +254,8 @@ class SelfAttention(nnx.Module):
                 cache = PagedKVCache(k=k_pool, v=v_pool, req_to_token=cache.req_to_token)
         return self.o_proj(out.reshape(b, nq, -1), inv), cache
 
-    def _invariant_attention(self, q, k, v, meta: AttentionMetadata, cache: PagedKVCache | None, layer: int):
+    def _invariant_attention(self, q, k, v, meta: AttentionMetadata, cache: PagedKVCache | None, layer: int,
+                             inv: dict):
         """``invariant_attention`` over the paged pool (fresh K/V written at ``meta.write_locs``), or for a dense
         forward over the fresh tokens alone (a pool of them)."""
         b, nq, _, e = q.shape
@@ -258,7 +264,7 @@ class SelfAttention(nnx.Module):
             locs = jnp.arange(b * nq, dtype=jnp.int32).reshape(b, nq)
             out, _, _ = invariant_attention(q, k, v, pool, v.reshape(pool.shape), meta.page_table[:, :0],
                                             jnp.zeros((b,), jnp.int32), meta.positions - meta.positions[:, :1],
-                                            meta.qmask, locs, page_size=1, sm_scale=e**-0.5)
+                                            meta.qmask, locs, page_size=1, sm_scale=e**-0.5, **inv)
             return out, None
         if meta.write_locs is None:
             raise ValueError("meta.write_locs: a batch-invariant forward over a paged cache writes its fresh K/V "
@@ -267,7 +273,7 @@ class SelfAttention(nnx.Module):
         locs = _write_slots(meta.write_locs, cache.k.shape[1]).reshape(b, nq)
         out, k_pool, v_pool = invariant_attention(
             q.astype(dt), k.astype(dt), v.astype(dt), cache.k, cache.v, meta.page_table, meta.prefix_lens,
-            meta.positions, meta.qmask, locs, page_size=meta.page_size, sm_scale=e**-0.5, layer=layer)
+            meta.positions, meta.qmask, locs, page_size=meta.page_size, sm_scale=e**-0.5, layer=layer, **inv)
         return out, PagedKVCache(k=k_pool, v=v_pool, req_to_token=cache.req_to_token)
 
 
@@ -369,14 +375,14 @@ class Decoder(nnx.Module):
         return self.embed_tokens[...][tokens].astype(_F32)
 
     def logits(self, h, invariant=None):
-        """Shared head: ``f32[..., V]`` from the pre-norm hidden ``[..., D]`` (``invariant``: the
-        ``invariant_matmul`` implementation of a batch-invariant forward, or None)."""
+        """Shared head: ``f32[..., V]`` from the pre-norm hidden ``[..., D]`` (``invariant``: the kernel switch
+        of a batch-invariant forward, or None)."""
         x = self.norm(h, invariant is not None)
         if self.lm_head is not None:
             return self.lm_head(x, invariant)
         if invariant is not None:
             w = self.embed_tokens[...]
-            y = invariant_matmul(x.reshape(-1, x.shape[-1]), w, transpose_w=True, implementation=invariant)
+            y = invariant_matmul(x.reshape(-1, x.shape[-1]), w, transpose_w=True, **invariant)
             return y.reshape(*x.shape[:-1], w.shape[0])
         return tied_head(x, self.embed_tokens[...])
 
