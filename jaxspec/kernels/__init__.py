@@ -17,6 +17,7 @@ reference and the kernel (a dropped write or a slot-0 read; see each module); ch
 """
 
 from jaxspec.kernels._backend import Implementation as Implementation
+from jaxspec.kernels._backend import CPU_INVARIANT_FLAG as CPU_INVARIANT_FLAG
 from jaxspec.kernels._backend import batch_invariance_blocker as batch_invariance_blocker
 from jaxspec.kernels._dispatch import next_pow2 as next_pow2  # the bucket rule every static shape here follows
 from jaxspec.kernels.cache_locs import assign_draft_cache_locs as assign_draft_cache_locs

@@ -1,0 +1,239 @@
+"""The batch-invariant mode: its ops (``ordered_sum``, ``invariant_matmul``, ``invariant_attention``; the Pallas
+kernels interpreted on CPU) against their references and the default ops, row invariance bit for bit, the
+engine's refusals, and, in a process of its own with the XLA:CPU flag the mode needs
+(``batch_invariant_checks.py``): greedy speculative (chain, tree, adaptive) == plain token for token in bf16,
+a request alone == the same request in a batch of 32, the serving core under random arrivals == plain.
+
+Tolerances against the default ops are float32 rounding of sums taken in another order: ``1e-5`` relative
+(``K <= 256`` products of unit-scale values) for float32 results, one bf16 ulp (``2**-8`` relative) where the
+output itself is bf16.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxspec import pipeline
+from jaxspec.engine import Engine
+from jaxspec.kernels import (CPU_INVARIANT_FLAG, batch_invariance_blocker, invariant_attention, invariant_matmul,
+                             ordered_sum, paged_attention_reference)
+from jaxspec.models import load_pair
+from jaxspec.protocols import AttentionMetadata, make_req_to_token, page_table_from_req_to_token
+
+IMPLS = [("reference", False), ("triton", True)]
+
+
+# ------------------------------------------------------------------------------------------------ ordered_sum
+
+
+@pytest.mark.parametrize("n", [1, 3, 64, 128, 200, 576])
+def test_ordered_sum_rows_do_not_depend_on_the_batch(n):
+    x = jnp.asarray(np.random.default_rng(n).standard_normal((5, 7, n)), jnp.float32)
+    full = np.asarray(jax.jit(ordered_sum)(x))
+    for i, j in ((0, 0), (4, 6), (2, 3)):
+        alone = np.asarray(jax.jit(ordered_sum)(x[i:i + 1, j:j + 1]))
+        assert alone[0, 0] == full[i, j]
+    np.testing.assert_allclose(full, np.asarray(x, np.float64).sum(-1), rtol=1e-5, atol=1e-5 * n**0.5)
+
+
+def test_ordered_sum_trailing_zeros_change_nothing():
+    x = jnp.asarray(np.random.default_rng(1).standard_normal((3, 300)), jnp.float32)
+    padded = jnp.pad(x, ((0, 0), (0, 212)))  # 300 -> 512: whole blocks of zeros after a partial one
+    assert (np.asarray(ordered_sum(x)) == np.asarray(ordered_sum(padded))).all()
+
+
+# ------------------------------------------------------------------------------------------------ invariant_matmul
+
+
+@pytest.mark.parametrize("impl,interpret", IMPLS)
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+@pytest.mark.parametrize("transpose_w", [False, True])
+def test_invariant_matmul_value_and_row_invariance(impl, interpret, dtype, transpose_w):
+    rng = np.random.default_rng([7, transpose_w, dtype == jnp.float32])
+    k, n, m = 96, 80, 70  # m spans two row tiles, the second partial
+    w = jnp.asarray(rng.standard_normal((n, k) if transpose_w else (k, n)), dtype)
+    x = jnp.asarray(rng.standard_normal((m, k)), jnp.float32)
+
+    def mm(a):
+        return np.asarray(invariant_matmul(a, w, transpose_w=transpose_w, implementation=impl, interpret=interpret))
+
+    y = mm(x)
+    w64 = np.asarray(w.astype(jnp.float32), np.float64)
+    want = np.asarray(x.astype(dtype).astype(jnp.float32), np.float64) @ (w64.T if transpose_w else w64)
+    np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5 * k**0.5)
+    for i in (0, 37, 69):  # alone, and among other neighbours at another place in the tile
+        assert (mm(x[i:i + 1])[0] == y[i]).all()
+        others = jnp.asarray(rng.standard_normal((9, k)), jnp.float32).at[4].set(x[i])
+        assert (mm(others)[4] == y[i]).all()
+
+
+def test_invariant_matmul_refuses_bad_input():
+    w = jnp.zeros((8, 4), jnp.bfloat16)
+    with pytest.raises(ValueError, match="x: expected a 2-D"):
+        invariant_matmul(jnp.zeros((8,)), w)
+    with pytest.raises(ValueError, match="w: expected \\[K, N\\] with K=6"):
+        invariant_matmul(jnp.zeros((2, 6)), w)
+    with pytest.raises(ValueError, match="x: expected bfloat16, float16 or float32"):
+        invariant_matmul(jnp.zeros((2, 8), jnp.int32), w)
+    with pytest.raises(ValueError, match="x: expected at least one row"):
+        invariant_matmul(jnp.zeros((0, 8)), w)
+    with pytest.raises(ValueError, match="implementation='mosaic'"):
+        invariant_matmul(jnp.zeros((2, 8)), w, implementation="mosaic", interpret=True)
+
+
+# ------------------------------------------------------------------------------------------------ invariant_attention
+
+B, W, G, HQ, HKV, E = 3, 160, 4, 6, 2, 32
+P, N = 77, 6  # a prefix over several key blocks, then N fresh tokens
+
+
+def _pools(rng, dtype, r2t):
+    """Two-layer pools, NaN in every slot no request's prefix uses (written slots included: the call writes
+    them first), so a read outside a query's keys would show."""
+    x = B * W + G
+    k = rng.standard_normal((2, x, HKV, E))
+    v = rng.standard_normal((2, x, HKV, E))
+    used = np.zeros(x, bool)
+    used[np.asarray(r2t)[:, :P].reshape(-1)] = True
+    k[:, ~used], v[:, ~used] = np.nan, np.nan
+    return jnp.asarray(k, dtype), jnp.asarray(v, dtype)
+
+
+def _fresh(rng, dtype, nq):
+    return tuple(jnp.asarray(rng.standard_normal(s), dtype) for s in ((B, nq, HQ, E), (B, nq, HKV, E), (B, nq, HKV, E)))
+
+
+def _attend(impl, interpret, q, k, v, kp, vp, meta):
+    return invariant_attention(q, k, v, kp, vp, meta.page_table, meta.prefix_lens, meta.positions, meta.qmask,
+                               meta.write_locs, page_size=G, sm_scale=0.2, layer=1, implementation=impl,
+                               interpret=interpret)
+
+
+@pytest.mark.parametrize("impl,interpret", IMPLS)
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_invariant_attention_matches_paged_attention(impl, interpret, dtype):
+    rng = np.random.default_rng([3, dtype == jnp.float32])
+    r2t = jnp.asarray(make_req_to_token(B, W, G, seed=1))
+    kp, vp = _pools(rng, dtype, r2t)
+    q, k, v = _fresh(rng, dtype, N)
+    meta = pipeline.prefill_metadata(jnp.full((B,), N, jnp.int32), r2t, N, page_size=G,
+                                     prefix_lens=jnp.full((B,), P, jnp.int32))
+    out, kp2, vp2 = _attend(impl, interpret, q, k, v, kp, vp, meta)
+    want = paged_attention_reference(q, k, v, kp[1], vp[1], meta.page_table, meta.prefix_lens, meta.qmask,
+                                     page_size=G, sm_scale=0.2)
+    tol = 1e-5 if dtype == jnp.float32 else 2**-8
+    np.testing.assert_allclose(np.asarray(out, np.float32), np.asarray(want, np.float32), rtol=tol, atol=tol)
+    locs = np.asarray(meta.write_locs).reshape(-1)
+    assert (np.asarray(kp2[1])[locs] == np.asarray(k).reshape(-1, HKV, E)).all()  # the fresh K/V written
+    keep = np.ones(kp.shape[1], bool)
+    keep[locs] = False
+    np.testing.assert_array_equal(np.asarray(kp2[1])[keep], np.asarray(kp[1])[keep])  # nothing else (NaN == NaN)
+    np.testing.assert_array_equal(np.asarray(kp2[0]), np.asarray(kp[0]))  # the other layer untouched
+
+
+def test_invariant_attention_kernel_decode_equals_extend_and_tree_equals_paths():
+    """The Triton kernel (interpreted): N tokens decoded one call each == the same tokens in one causal call,
+    and each node of a tree verify == the causal call over its path, bit for bit."""
+    rng = np.random.default_rng(5)
+    r2t = jnp.asarray(make_req_to_token(B, W, G, seed=2))
+    kp, vp = _pools(rng, jnp.bfloat16, r2t)
+    q, k, v = _fresh(rng, jnp.bfloat16, N)
+    run = jax.jit(lambda *a: _attend("triton", True, *a))
+    ext = run(q, k, v, kp, vp, pipeline.prefill_metadata(jnp.full((B,), N, jnp.int32), r2t, N, page_size=G,
+                                                         prefix_lens=jnp.full((B,), P, jnp.int32)))[0]
+    kpj, vpj, rows = kp, vp, []
+    for j in range(N):
+        meta = pipeline.decode_metadata(jnp.full((B,), P + j, jnp.int32), r2t, page_size=G)
+        o, kpj, vpj = run(q[:, j:j + 1], k[:, j:j + 1], v[:, j:j + 1], kpj, vpj, meta)
+        rows.append(o[:, 0])
+    assert (np.asarray(jnp.stack(rows, 1)) == np.asarray(ext)).all()
+    parent = [-1, 0, 0, 1, 1, 2]  # a tree of N nodes: node i's path is its ancestors and itself
+    paths = [[i] if parent[i] < 0 else None for i in range(N)]
+    for i in range(1, N):
+        paths[i] = paths[parent[i]] + [i]
+    depth = np.array([len(p) - 1 for p in paths], np.int32)
+    mask = np.zeros((N, N), bool)
+    for i, p in enumerate(paths):
+        mask[i, p] = True
+    tree_meta = AttentionMetadata(
+        positions=jnp.asarray(np.broadcast_to(P + depth, (B, N)), jnp.int32),
+        qmask=jnp.asarray(np.broadcast_to(mask, (B, N, N))), prefix_lens=jnp.full((B,), P, jnp.int32),
+        page_table=page_table_from_req_to_token(r2t, G), write_locs=r2t[:, P:P + N], page_size=G)
+    tree = np.asarray(run(q, k, v, kp, vp, tree_meta)[0])
+    for i, p in enumerate(paths):
+        n = len(p)
+        meta = pipeline.prefill_metadata(jnp.full((B,), n, jnp.int32), r2t, n, page_size=G,
+                                         prefix_lens=jnp.full((B,), P, jnp.int32))
+        path = np.asarray(run(q[:, p], k[:, p], v[:, p], kp, vp, meta)[0])
+        assert (path[:, -1] == tree[:, i]).all(), f"node {i}"
+
+
+# ------------------------------------------------------------------------------------------------ the engine
+
+
+def test_engine_refuses_what_it_cannot_honour(monkeypatch):
+    model = load_pair()
+    with pytest.raises(ValueError, match="batch_invariant: expected a bool"):
+        Engine(model, None, batch_invariant=1)
+
+    class Wrapped:  # a target meeting the protocol without declaring the mode
+        def __init__(self, m):
+            self._m = m
+
+        def __getattr__(self, name):
+            if name == "supports_batch_invariant":
+                raise AttributeError(name)
+            return getattr(self._m, name)
+
+    with pytest.raises(ValueError, match="does not declare supports_batch_invariant"):
+        Engine(Wrapped(model), None, batch_invariant=True)
+    monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_experimental_ynn_fusion_type=dot")
+    with pytest.raises(ValueError, match="xla_cpu_experimental_ynn_fusion_type="):
+        Engine(model, None, batch_invariant=True)
+    monkeypatch.setenv("XLA_FLAGS", CPU_INVARIANT_FLAG)
+    assert batch_invariance_blocker() is None
+
+
+def _checks(*extra):
+    env = dict(os.environ, XLA_FLAGS=CPU_INVARIANT_FLAG, JAX_PLATFORMS="cpu")
+    script = os.path.join(os.path.dirname(__file__), "batch_invariant_checks.py")
+    done = subprocess.run([sys.executable, "-P", script, *extra], env=env, capture_output=True, text=True,
+                          timeout=1500)
+    assert done.returncode == 0, done.stderr[-4000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def checks():
+    return _checks()
+
+
+@pytest.mark.parametrize("name", ["chain", "tree", "adaptive"])
+def test_bf16_speculative_equals_plain(checks, name):
+    got = checks[name]
+    assert all(got["same"]), got
+    assert got["accept"] > 1.5  # drafts were accepted: the verify rows carried drafted tokens
+    if name == "adaptive":
+        assert sum(got["mode_rounds"][1:]) > 0  # it speculated
+
+
+@pytest.mark.parametrize("name", ["batch32_plain", "batch32_chain"])
+def test_bf16_alone_equals_in_a_batch_of_32(checks, name):
+    assert all(checks[name]["same"])
+
+
+def test_bf16_serving_core_equals_plain(checks):
+    assert all(checks["serving"]["same"]), checks["serving"]
+
+
+@pytest.mark.slow
+def test_bf16_speculative_equals_plain_on_the_pallas_kernels():
+    got = _checks("--pallas")
+    for name in ("chain", "tree", "adaptive"):
+        assert all(got[name]["same"]), (name, got[name])
