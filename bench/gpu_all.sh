@@ -4,7 +4,8 @@
 #   bash bench/gpu_all.sh [parts]
 # parts (default: env tests kernels check step decode; also decode-quick (greedy device loop only), attention,
 # attention-quick, train, e2e: end-to-end at 8B / 1B scale, bench/e2e.py --quick, about 9 min on its own;
-# e2e-flags, call-cost: bench/call_cost.py; the real model: gguf0..gguf3, gguf, drafters, real, serving, see bench/gpu_real.sh). Each part has its own time limit; all of them together take more
+# e2e-flags, call-cost: bench/call_cost.py; invariance: bench/invariance.py; train-profile: bench/train_profile.py;
+# the real model: gguf0..gguf3, gguf, drafters, real, serving, see bench/gpu_real.sh). Each part has its own time limit; all of them together take more
 # than 10 minutes, so on a machine lent for 10 minutes at a time run them in groups, e.g. "env tests check step"
 # then "env decode attention".
 # Writes logs/JSON/PNG under $OUT (or ./out). Keeps going after a failing part; exit 1 if any failed.
@@ -59,6 +60,13 @@ for p in $PARTS; do case $p in
   # pair's recipe, ~100 s of training on the H200 against ~26 min on this repo's 2-core CPU)
   train) run "train_${TRAIN_NAME:-pair}" ${TRAIN_TIMEOUT:-500} $PY -m jaxspec.train_tiny --out "$OUT/${TRAIN_NAME:-pair}" \
       ${TRAIN_ARGS:---config demo --steps 2500 --batch 32} ;;
+  # invariance: batch invariance checked and timed (bench/invariance.py; INVARIANCE_ARGS replaces the default
+  # "--checks --matmul", e.g. "--timing --batches 1,32" for a second call), under GPU_XLA_FLAGS
+  # train-profile: the drafter trainer's per-stage profile (bench/train_profile.py; TRAIN_PROFILE_ARGS)
+  invariance) XLA_FLAGS="${XLA_FLAGS-$GPU_XLA_FLAGS}" run invariance ${INVARIANCE_TIMEOUT:-300} $PY bench/invariance.py \
+      ${INVARIANCE_ARGS:---checks --matmul} --json "$OUT/invariance.json" ;;
+  train-profile) run train_profile ${TRAIN_PROFILE_TIMEOUT:-240} $PY bench/train_profile.py --out "$OUT/train_profile.json" \
+      ${TRAIN_PROFILE_ARGS:-} ;;
   attention) run attention 330 $PY bench/attention.py --json "$OUT/attention.json" --png "$OUT/attention.png" ;;
   attention-quick) run attention 150 $PY bench/attention.py --quick --triton --json "$OUT/attention.json" --png "$OUT/attention.png" ;;
   # the real model (SmolLM2-135M-Instruct): gguf0..gguf3 (its GGUF in parts), gguf (assembled), drafters, real,

@@ -27,6 +27,8 @@ import sys
 import time
 
 import _cli
+from _e2e_parts import prefilled
+from _timing import device_time_us
 
 SPECS = {"chain": (3, 1, 4), "tree16": (5, 4, 16)}
 
@@ -132,7 +134,7 @@ def _random_tree(rng, n: int):
     return depth, mask, paths
 
 
-def checks(args) -> dict:
+def checks(args, save) -> dict:
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -197,6 +199,7 @@ def checks(args) -> dict:
         dc, _ = f1.decode(nxt[me:me + 1], [lens[me]], cc, inv)
         res["chunks"] = _count(jnp.stack([whole[0, -1], dw[0, 0]]), jnp.stack([part[0, -1], dc[0, 0]]))
         jax.clear_caches()
+        save(out)
         print(mode, json.dumps(res), flush=True)
     return out
 
@@ -204,7 +207,7 @@ def checks(args) -> dict:
 # ------------------------------------------------------------------------------------------------- timing
 
 
-def timing(args) -> list:
+def timing(args, save) -> list:
     import jax
     import jax.numpy as jnp
     from flax import nnx
@@ -213,7 +216,6 @@ def timing(args) -> list:
     from jaxspec.engine import Engine, SimulatedAccept
     from jaxspec.models import MTPDrafter, MTPModel
 
-    from _e2e_parts import prefilled
 
     cfg = _config(2 if args.tiny else 30, args.tiny)
     model = MTPModel(cfg, rngs=nnx.Rngs(0), param_dtype=jnp.bfloat16, kv_dtype=jnp.bfloat16, num_mtp_layers=1,
@@ -250,20 +252,20 @@ def timing(args) -> list:
             row["ratio"] = row["invariant_tok_s"] / row["default_tok_s"]
             print(json.dumps(row), flush=True)
             rows.append(row)
+            save(rows)
     return rows
 
 
 # ------------------------------------------------------------------------------------------------- matmul
 
 
-def matmul(args) -> list:
+def matmul(args, save) -> list:
     import jax
     import jax.numpy as jnp
     import numpy as np
 
     from jaxspec.kernels import invariant_matmul
 
-    from _timing import device_time_us
 
     cfg = _config(1, args.tiny)
     d, f, e = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
@@ -290,6 +292,7 @@ def matmul(args) -> list:
             row = dict(weight=name, k=k, n=n, m=m, default_us=t_def, invariant_us=t_inv, ratio=t_inv / max(t_def, 1e-9))
             print(json.dumps(row), flush=True)
             rows.append(row)
+            save(rows)
     return rows
 
 
@@ -298,12 +301,16 @@ def main(argv=None):
     import jax
 
     todo = [n for n in ("checks", "timing", "matmul") if getattr(args, n)] or ["checks", "timing", "matmul"]
-    out = dict(device=str(jax.devices()[0].device_kind), jax=jax.__version__)
+    out = dict(device=str(jax.devices()[0].device_kind), jax=jax.__version__, args=vars(args))
+
+    def save(name, value):  # after every part and row: a run cut short keeps what it measured
+        out[name] = value
+        if args.json:
+            with open(args.json, "w") as fh:
+                json.dump(out, fh, indent=1)
+
     for name in todo:
-        out[name] = dict(checks=checks, timing=timing, matmul=matmul)[name](args)
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(out, fh, indent=1)
+        save(name, dict(checks=checks, timing=timing, matmul=matmul)[name](args, lambda v, n=name: save(n, v)))
     return out
 
 
