@@ -237,3 +237,17 @@ def test_bf16_speculative_equals_plain_on_the_pallas_kernels():
     got = _checks("--pallas")
     for name in ("chain", "tree", "adaptive"):
         assert all(got[name]["same"]), (name, got[name])
+
+
+def test_serve_cli_passes_the_mode_to_the_engine():
+    """``python -m jaxspec.serve --batch-invariant`` reaches ``Engine(batch_invariant=True)``: on XLA:CPU without
+    the flag the engine's refusal comes back (the option is not accepted and ignored)."""
+    pytest.importorskip("aiohttp")
+    pytest.importorskip("prometheus_client")
+    from jaxspec.models import DEFAULT_WEIGHTS
+    from jaxspec.serve import cli
+
+    args = cli.parser().parse_args(["--model", DEFAULT_WEIGHTS, "--batch-invariant", "--max-context", "64"])
+    assert args.batch_invariant
+    with pytest.raises(ValueError, match="batch_invariant=True: XLA:CPU"):
+        cli.build(args)

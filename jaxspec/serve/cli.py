@@ -42,6 +42,10 @@ def parser() -> argparse.ArgumentParser:
                    help="largest request body (HTTP 413 above)")
     p.add_argument("--body-timeout", type=float, default=DEFAULT_BODY_TIMEOUT_S,
                    help="seconds to receive a request's whole body (HTTP 408 after)")
+    p.add_argument("--batch-invariant", action="store_true",
+                   help="batch-invariant forwards (Engine(batch_invariant=True)): a reply does not depend on the "
+                        "requests it is batched with, and speculative greedy replies equal plain ones in bf16 too; "
+                        "costs speed (docs/serving.md, 'Batch-invariant mode')")
     p.add_argument("--greedy", action="store_true",
                    help="greedy requests only (temperature 0): the core's greedy executables, which skip the "
                         "sampling work; a request that samples is refused (400)")
@@ -79,7 +83,8 @@ def build(args):
         specs = [SpecConfig(*s) for s in (args.spec or [(3, 1, 4)])]
         spec = specs if len(specs) > 1 else specs[0]
     eng = Engine(target, drafter, spec=spec, max_context=args.max_context, page_size=args.page_size,
-                 max_batch=args.max_batch, num_pages=args.num_pages, adaptive=True if args.adaptive else None)
+                 max_batch=args.max_batch, num_pages=args.num_pages, adaptive=True if args.adaptive else None,
+                 batch_invariant=args.batch_invariant)
     se = ServingEngine(eng, rounds_per_step=args.rounds_per_step, sampling=not args.greedy)
     _say(f"loaded in {time.perf_counter() - t0:.1f} s; compiling every executable a step can run")
     with tqdm(desc="jaxspec-serve: warm-up", unit="executable", file=sys.stderr, total=0) as bar:
