@@ -251,3 +251,26 @@ def test_serve_cli_passes_the_mode_to_the_engine():
     assert args.batch_invariant
     with pytest.raises(ValueError, match="batch_invariant=True: XLA:CPU"):
         cli.build(args)
+
+
+@pytest.mark.parametrize("impl,interpret", IMPLS)
+def test_invariant_matmul_rms_norm_prologue(impl, interpret):
+    """``norm_weight`` / ``norm_eps``: RMSNorm, then the product (float32 weights: the normed rows are not
+    rounded, so the float32 tolerance holds); each row alone equals the row among others."""
+    rng = np.random.default_rng(11)
+    k, n = 160, 48
+    w = jnp.asarray(rng.standard_normal((k, n)), jnp.float32)
+    nw = jnp.asarray(1 + 0.1 * rng.standard_normal(k), jnp.float32)
+    x = jnp.asarray(3 * rng.standard_normal((20, k)), jnp.float32)
+    y = np.asarray(invariant_matmul(x, w, norm_weight=nw, norm_eps=1e-5, implementation=impl, interpret=interpret))
+    x64 = np.asarray(x, np.float64)
+    normed = x64 / np.sqrt((x64**2).mean(1, keepdims=True) + 1e-5) * np.asarray(nw, np.float64)
+    np.testing.assert_allclose(y, normed @ np.asarray(w, np.float64), rtol=1e-5, atol=1e-5 * k**0.5)
+    one = invariant_matmul(x[7:8], w, norm_weight=nw, norm_eps=1e-5, implementation=impl, interpret=interpret)
+    assert (np.asarray(one)[0] == y[7]).all()
+    with pytest.raises(ValueError, match="norm_weight: expected shape \\(160,\\)"):
+        invariant_matmul(x, w, norm_weight=nw[:5], norm_eps=1e-5)
+    with pytest.raises(ValueError, match="norm_eps: expected a positive float"):
+        invariant_matmul(x, w, norm_weight=nw)
+    with pytest.raises(ValueError, match="norm_eps: given without norm_weight"):
+        invariant_matmul(x, w, norm_eps=1e-5)

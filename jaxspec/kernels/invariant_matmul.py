@@ -32,6 +32,7 @@ from jax.experimental import pallas as pl
 from jaxspec.kernels._backend import Implementation
 from jaxspec.kernels._dispatch import KernelOp, cdiv
 from jaxspec.kernels._triton import compiler_params, load, store
+from jaxspec.kernels.ordered_sum import ordered_sum
 
 TILE_M = 64  # output rows per program (one wgmma M tile)
 TILE_N = 64  # output columns per program
@@ -62,8 +63,17 @@ def _precision(dtype):
     return jax.lax.Precision.HIGHEST if dtype == jnp.float32 else None
 
 
-def _reference(x, w, *, transpose_w):
+def _rms_norm(x, weight, eps):
+    """RMSNorm of the rows of ``x`` in float32, the mean square an ``ordered_sum`` (row-invariant)."""
+    x = x.astype(jnp.float32)
+    scale = jax.lax.rsqrt(ordered_sum(x * x) / jnp.float32(x.shape[-1]) + jnp.float32(eps))
+    return x * scale[:, None] * weight.astype(jnp.float32)[None, :]
+
+
+def _reference(x, w, norm_weight, *, transpose_w, norm_eps):
     m, k = x.shape
+    if norm_weight is not None:
+        x = _rms_norm(x, norm_weight, norm_eps)
     x = x.astype(w.dtype)
     blocks = jnp.pad(x, ((0, cdiv(m, TILE_M) * TILE_M - m), (0, 0))).reshape(-1, TILE_M, k)
     dims = (((1,), (1,)), ((), ())) if transpose_w else (((1,), (0,)), ((), ()))
@@ -75,18 +85,34 @@ def _reference(x, w, *, transpose_w):
     return y.reshape(-1, y.shape[-1])[:m]
 
 
-def _kernel(x_ref, w_ref, o_ref, *, m, k, n, transpose_w):
+def _kernel(x_ref, w_ref, nw_ref, o_ref, *, m, k, n, transpose_w, norm_eps):
     i, j = pl.program_id(0), pl.program_id(1)
     rows = i * TILE_M + jnp.arange(TILE_M, dtype=jnp.int32)
     cols = j * TILE_N + jnp.arange(TILE_N, dtype=jnp.int32)
     row_ok, col_ok = rows < m, cols < n
     kk = jnp.arange(TILE_K, dtype=jnp.int32)
     prec = _precision(w_ref.dtype)
+    f32 = jnp.float32
+    steps = cdiv(k, TILE_K)
 
-    def step(t, acc):
+    def x_block(t):
         ks = t * TILE_K + kk
         k_ok = ks < k
-        a = load(x_ref.at[rows[:, None], ks[None, :]], mask=row_ok[:, None] & k_ok[None, :], other=0)
+        return ks, k_ok, load(x_ref.at[rows[:, None], ks[None, :]], mask=row_ok[:, None] & k_ok[None, :], other=0)
+
+    if norm_eps is not None:  # the row's mean square first: K blocks summed in order
+        def square(t, acc):
+            a = x_block(t)[2].astype(f32)
+            return acc + jnp.sum(a * a, axis=1)
+
+        ss = jax.lax.fori_loop(0, steps, square, jnp.zeros((TILE_M,), f32))
+        scale = jax.lax.rsqrt(ss / f32(k) + f32(norm_eps))
+
+    def step(t, acc):
+        ks, k_ok, a = x_block(t)
+        if norm_eps is not None:
+            nw = load(nw_ref.at[ks], mask=k_ok, other=0).astype(f32)
+            a = (a.astype(f32) * scale[:, None] * nw[None, :]).astype(w_ref.dtype)
         if transpose_w:
             b = load(w_ref.at[cols[:, None], ks[None, :]], mask=col_ok[:, None] & k_ok[None, :], other=0)
             dims = (((1,), (1,)), ((), ()))
@@ -95,14 +121,16 @@ def _kernel(x_ref, w_ref, o_ref, *, m, k, n, transpose_w):
             dims = (((1,), (0,)), ((), ()))
         return acc + jax.lax.dot_general(a, b, dims, precision=prec, preferred_element_type=jnp.float32)
 
-    acc = jax.lax.fori_loop(0, cdiv(k, TILE_K), step, jnp.zeros((TILE_M, TILE_N), jnp.float32))
+    acc = jax.lax.fori_loop(0, steps, step, jnp.zeros((TILE_M, TILE_N), f32))
     store(o_ref.at[rows[:, None], cols[None, :]], acc, mask=row_ok[:, None] & col_ok[None, :])
 
 
-def _triton(x, w, *, transpose_w, interpret):
+def _triton(x, w, norm_weight, *, transpose_w, norm_eps, interpret):
     m, k = x.shape
     n = w.shape[0] if transpose_w else w.shape[1]
-    kernel = functools.partial(_kernel, m=m, k=k, n=n, transpose_w=transpose_w)
+    kernel = functools.partial(_kernel, m=m, k=k, n=n, transpose_w=transpose_w, norm_eps=norm_eps)
+    if norm_weight is None:
+        x, norm_weight = x.astype(w.dtype), jnp.zeros((1,), jnp.float32)  # (no norm: the weight is never read)
     return pl.pallas_call(
         kernel,
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
@@ -110,28 +138,44 @@ def _triton(x, w, *, transpose_w, interpret):
         interpret=interpret,
         compiler_params=compiler_params(num_warps=NUM_WARPS, num_stages=NUM_STAGES),
         name=f"invariant_matmul_k{k}_n{n}{'_t' if transpose_w else ''}",
-    )(x.astype(w.dtype), w)
+    )(x, w, norm_weight)
 
 
-def _impl(x, w, *, transpose_w, implementation, interpret):
+def _impl(x, w, norm_weight, *, transpose_w, norm_eps, implementation, interpret):
     if implementation == "reference":
-        return _reference(x, w, transpose_w=transpose_w)
-    return _triton(x, w, transpose_w=transpose_w, interpret=interpret)
+        return _reference(x, w, norm_weight, transpose_w=transpose_w, norm_eps=norm_eps)
+    return _triton(x, w, norm_weight, transpose_w=transpose_w, norm_eps=norm_eps, interpret=interpret)
 
 
-_OP = KernelOp("invariant_matmul", _impl, static=("transpose_w",))
+_OP = KernelOp("invariant_matmul", _impl, static=("transpose_w", "norm_eps"))
 
 
-def invariant_matmul(x, w, *, transpose_w: bool = False, implementation: Implementation = "auto",
-                     interpret: bool = False):
+def _norm_args(x, norm_weight, norm_eps):
+    if norm_weight is None:
+        if norm_eps is not None:
+            raise ValueError("norm_eps: given without norm_weight (the RMSNorm prologue needs both)")
+        return None
+    if norm_weight.shape != (x.shape[1],):
+        raise ValueError(f"norm_weight: expected shape ({x.shape[1]},) (x's columns), got {norm_weight.shape}")
+    if isinstance(norm_eps, bool) or not isinstance(norm_eps, (int, float)) or not norm_eps > 0:
+        raise ValueError(f"norm_eps: expected a positive float with norm_weight, got {norm_eps!r}")
+    return float(norm_eps)
+
+
+def invariant_matmul(x, w, *, transpose_w: bool = False, norm_weight=None, norm_eps: float | None = None,
+                     implementation: Implementation = "auto", interpret: bool = False):
     """``f32[M, N]``: ``x [M, K] @ w [K, N]``, or ``x @ w.T`` for ``w [N, K]`` with ``transpose_w=True`` (a tied
     LM head), with a per-row reduction order independent of ``M`` and of the row's neighbours (module
-    docstring). Jittable; ``x`` is cast to ``w``'s dtype."""
+    docstring). ``norm_weight f[K]`` and ``norm_eps``: RMSNorm the rows first (float32, ``x * rsqrt(mean(x**2) +
+    eps) * norm_weight``; the kernel computes it in its prologue). Jittable; the (normed) rows are cast to
+    ``w``'s dtype."""
     _check(x, w, bool(transpose_w))
-    return _OP(x, w, transpose_w=bool(transpose_w), implementation=implementation, interpret=interpret)
+    eps = _norm_args(x, norm_weight, norm_eps)
+    return _OP(x, w, norm_weight, transpose_w=bool(transpose_w), norm_eps=eps, implementation=implementation,
+               interpret=interpret)
 
 
-def invariant_matmul_reference(x, w, *, transpose_w: bool = False):
+def invariant_matmul_reference(x, w, *, transpose_w: bool = False, norm_weight=None, norm_eps: float | None = None):
     """The pure-jnp implementation of :func:`invariant_matmul` (fixed ``[TILE_M, K]`` blocks, one at a time)."""
-    _check(x, w, bool(transpose_w))
-    return _OP(x, w, transpose_w=bool(transpose_w), implementation="reference", interpret=False)
+    return invariant_matmul(x, w, transpose_w=transpose_w, norm_weight=norm_weight, norm_eps=norm_eps,
+                            implementation="reference")

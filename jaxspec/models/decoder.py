@@ -12,8 +12,8 @@ is ``kv_dtype`` (default bf16 on GPU, f32 on CPU). Attention is ``jaxspec.kernel
 decode, verify and draft extend alike), its kernel picked by ``meta.implementation`` / ``meta.interpret``;
 queries and fresh K/V are cast to the pool dtype for it (softmax and accumulation in float32).
 
-Batch-invariant forwards (``meta.batch_invariant``): every matmul is ``invariant_matmul``, attention is
-``invariant_attention`` and the norms' mean square an ``ordered_sum``, so a row's logits do not depend on the
+Batch-invariant forwards (``meta.batch_invariant``): every matmul is ``invariant_matmul`` (the RMSNorm before
+it in its prologue, its mean square summed in a fixed order), attention is ``invariant_attention``, so a row's logits do not depend on the
 other rows of the call (a verify window's row equals the same token decoded alone; a request's rows equal
 the same request in any batch); RoPE, the activations and the residual stream are elementwise.
 ``meta.implementation == "reference"`` runs their jnp references, anything else their Pallas kernels where
@@ -29,7 +29,6 @@ from jaxspec._validate import check
 from jaxspec.kernels import paged_attention
 from jaxspec.kernels.invariant_attention import invariant_attention
 from jaxspec.kernels.invariant_matmul import invariant_matmul
-from jaxspec.kernels.ordered_sum import ordered_sum
 from jaxspec.models.config import DecoderConfig
 from jaxspec.protocols import AttentionMetadata, PagedKVCache
 
@@ -60,12 +59,17 @@ class Linear(nnx.Module):
         self.kernel = _init(rngs, (fan_in, fan_out), fan_in, dtype)
         self.bias = nnx.Param(jnp.zeros((fan_out,), dtype)) if bias else None
 
-    def __call__(self, x, invariant=None):
-        """``invariant``: ``None``, or the ``invariant_matmul`` kernel switch of a batch-invariant forward."""
+    def __call__(self, x, invariant=None, norm=None):
+        """``invariant``: ``None``, or the ``invariant_matmul`` kernel switch of a batch-invariant forward.
+        ``norm``: an ``RMSNorm`` applied to ``x`` first (fused into the matmul's prologue when invariant)."""
         w = self.kernel[...]
         if invariant is not None:
-            y = invariant_matmul(x.reshape(-1, x.shape[-1]), w, **invariant).reshape(*x.shape[:-1], -1)
-        elif w.dtype == _F32:
+            kw = {} if norm is None else dict(norm_weight=norm.weight[...], norm_eps=norm.eps)
+            y = invariant_matmul(x.reshape(-1, x.shape[-1]), w, **kw, **invariant).reshape(*x.shape[:-1], -1)
+            return y if self.bias is None else y + _bcast(self.bias[...].astype(_F32), y.ndim)
+        if norm is not None:
+            x = norm(x)
+        if w.dtype == _F32:
             y = jnp.einsum("...d,df->...f", x.astype(w.dtype), w, precision=PREC, preferred_element_type=_F32)
         else:
             y = _dot16(x.astype(w.dtype), w)  # the same product; one row padded to two (below)
@@ -160,13 +164,9 @@ class RMSNorm(nnx.Module):
         self.weight = nnx.Param(jnp.ones((dim,), dtype))
         self.eps = eps
 
-    def __call__(self, x, invariant: bool = False):
-        """``invariant``: the mean square as an ``ordered_sum`` (batch-invariant forwards)."""
+    def __call__(self, x):
         x = x.astype(_F32)
-        if invariant:
-            var = (ordered_sum(x * x) / _F32(x.shape[-1]))[..., None]
-        else:
-            var = jnp.mean(x * x, axis=-1, keepdims=True)
+        var = jnp.mean(x * x, axis=-1, keepdims=True)
         return x * jax.lax.rsqrt(var + self.eps) * _bcast(self.weight[...].astype(_F32), x.ndim)
 
 
@@ -218,15 +218,16 @@ class SelfAttention(nnx.Module):
         self.qkv_proj = Linear(d, (hq + 2 * hkv) * e, bias=cfg.attention_bias, dtype=dtype, rngs=rngs)
         self.o_proj = Linear(hq * e, d, bias=False, dtype=dtype, rngs=rngs)
 
-    def __call__(self, x, meta: AttentionMetadata, cache: PagedKVCache | None, layer: int):
+    def __call__(self, x, meta: AttentionMetadata, cache: PagedKVCache | None, layer: int, norm=None):
         """``x [B, Q, D]`` (or ``[2, 1, D]`` for ``B = Q = 1``: ``_with_zero_row``; the rows past ``B`` are
-        dropped after the projections) -> ``([B, Q, D], cache)``."""
+        dropped after the projections) -> ``([B, Q, D], cache)``; ``norm``: an ``RMSNorm`` for ``x`` (see
+        ``Linear``)."""
         cfg = self.cfg
         b, nq = meta.positions.shape
         e, hq, hkv = cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads
         inv_freq = rope_inv_freq(cfg)
         inv = _invariant_impl(meta)
-        qkv = self.qkv_proj(x, inv)[:b].reshape(b, nq, hq + 2 * hkv, e)
+        qkv = self.qkv_proj(x, inv, norm)[:b].reshape(b, nq, hq + 2 * hkv, e)
         q = apply_rope(qkv[:, :, :hq], meta.positions, inv_freq)
         k = apply_rope(qkv[:, :, hq:hq + hkv], meta.positions, inv_freq)
         v = qkv[:, :, hq + hkv:]
@@ -287,9 +288,9 @@ class MLP(nnx.Module):
         self.gate_up_proj = Linear(d, 2 * f, bias=False, dtype=dtype, rngs=rngs)
         self.down_proj = Linear(f, d, bias=False, dtype=dtype, rngs=rngs)
 
-    def __call__(self, x, invariant=None):
+    def __call__(self, x, invariant=None, norm=None):
         f = self.intermediate_size
-        gu = self.gate_up_proj(x, invariant)
+        gu = self.gate_up_proj(x, invariant, norm)
         return self.down_proj(jax.nn.silu(gu[..., :f]) * gu[..., f:], invariant)
 
 
@@ -303,12 +304,14 @@ class DecoderLayer(nnx.Module):
     def __call__(self, x, meta: AttentionMetadata, cache: PagedKVCache | None, layer: int):
         b, nq, _ = x.shape
         inv = _invariant_impl(meta)
-        # 16-bit single row: _with_zero_row (the invariant matmul pads rows itself)
-        two = b * nq == 1 and self.mlp.down_proj.kernel[...].dtype != _F32 and inv is None
-        on = inv is not None
-        a, cache = self.self_attn(self.input_layernorm(_with_zero_row(x) if two else x, on), meta, cache, layer)
+        if inv is not None:  # batch-invariant: the norms run in the matmuls' prologues
+            a, cache = self.self_attn(x, meta, cache, layer, norm=self.input_layernorm)
+            x = x + a
+            return x + self.mlp(x, inv, norm=self.post_attention_layernorm), cache
+        two = b * nq == 1 and self.mlp.down_proj.kernel[...].dtype != _F32  # 16-bit single row: _with_zero_row
+        a, cache = self.self_attn(self.input_layernorm(_with_zero_row(x) if two else x), meta, cache, layer)
         x = x + a
-        return x + self.mlp(self.post_attention_layernorm(_with_zero_row(x) if two else x, on), inv)[:b], cache
+        return x + self.mlp(self.post_attention_layernorm(_with_zero_row(x) if two else x))[:b], cache
 
 
 class Decoder(nnx.Module):
@@ -377,13 +380,16 @@ class Decoder(nnx.Module):
     def logits(self, h, invariant=None):
         """Shared head: ``f32[..., V]`` from the pre-norm hidden ``[..., D]`` (``invariant``: the kernel switch
         of a batch-invariant forward, or None)."""
-        x = self.norm(h, invariant is not None)
-        if self.lm_head is not None:
-            return self.lm_head(x, invariant)
-        if invariant is not None:
+        if invariant is not None:  # the final norm in the head's prologue
+            if self.lm_head is not None:
+                return self.lm_head(h, invariant, norm=self.norm)
             w = self.embed_tokens[...]
-            y = invariant_matmul(x.reshape(-1, x.shape[-1]), w, transpose_w=True, **invariant)
-            return y.reshape(*x.shape[:-1], w.shape[0])
+            y = invariant_matmul(h.reshape(-1, h.shape[-1]), w, transpose_w=True, norm_weight=self.norm.weight[...],
+                                 norm_eps=self.norm.eps, **invariant)
+            return y.reshape(*h.shape[:-1], w.shape[0])
+        x = self.norm(h)
+        if self.lm_head is not None:
+            return self.lm_head(x)
         return tied_head(x, self.embed_tokens[...])
 
     def forward(self, tokens, meta: AttentionMetadata, cache: PagedKVCache | None):
