@@ -1,6 +1,6 @@
 """What the paged attention kernels share: the query-row layout, the fresh-token part, the merge of the
-partial softmaxes, the write of the fresh K/V into the pool, the split count, and each kernel's tile plan
-sized to the GPU's shared memory.
+partial softmaxes, the online-softmax block step of the Triton kernels, the write of the fresh K/V into the
+pool, the split count, and each kernel's tile plan sized to the GPU's shared memory.
 
 ``paged_attention`` and both prefix kernels (``paged_attention_mosaic``, ``paged_attention_triton``) import
 this module; it imports neither of them.
@@ -167,3 +167,25 @@ def write_fresh(pool, layer, slots, x):
     else:
         pool = pool.at[layer, slots].set(x, mode="drop")
     return pool[0] if single else pool
+
+
+def online_softmax_init(rows: int, cols: int):
+    """``(acc f32[rows, cols], m f32[rows], l f32[rows])`` before the first key block: zeros, ``-inf``, zeros."""
+    return (jnp.zeros((rows, cols), jnp.float32), jnp.full((rows,), -jnp.inf, jnp.float32),
+            jnp.zeros((rows,), jnp.float32))
+
+
+def online_softmax_step(carry, q, k, v, ok, scale, prec):
+    """One key block of a flash-attention walk inside a Triton kernel: ``q [R, E]``, ``k, v [T, E]``, ``ok bool[T]``
+    (the keys that count), ``scale`` (the softmax scale times ``LOG2E``: base-2 logits) -> the new ``(acc, m, l)``.
+    The softmax weights meet ``v`` in ``v``'s dtype, accumulated in float32."""
+    acc, m, l = carry
+    sc = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), precision=prec, preferred_element_type=jnp.float32)
+    sc = jnp.where(ok[None, :], sc * scale, -jnp.inf)
+    m_new = jnp.maximum(m, jnp.max(sc, axis=1))
+    p = jnp.exp2(sc - m_new[:, None])
+    alpha = jnp.exp2(m - m_new)
+    l = l * alpha + jnp.sum(p, axis=1)
+    acc = acc * alpha[:, None] + jax.lax.dot_general(
+        p.astype(v.dtype), v, (((1,), (0,)), ((), ())), precision=prec, preferred_element_type=jnp.float32)
+    return acc, m_new, l

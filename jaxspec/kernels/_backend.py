@@ -176,5 +176,6 @@ def batch_invariance_blocker() -> str | None:
             f"XLA_FLAGS='{CPU_INVARIANT_FLAG}' before jax starts")
 
 
-__all__ = ["AUTO_WHEN_INTERPRETING", "CPU_INVARIANT_FLAG", "batch_invariance_blocker", "BACKENDS", "IMPLEMENTATIONS", "Implementation", "PallasBackendWarning",
-           "backend_available", "gpu_available", "hopper_available", "resolve_implementation"]
+__all__ = ["AUTO_WHEN_INTERPRETING", "BACKENDS", "CPU_INVARIANT_FLAG", "IMPLEMENTATIONS", "Implementation",
+           "PallasBackendWarning", "backend_available", "batch_invariance_blocker", "gpu_available",
+           "hopper_available", "resolve_implementation"]

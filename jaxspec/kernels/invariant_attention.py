@@ -35,7 +35,7 @@ import jax.numpy as jnp
 
 from jax.experimental import pallas as pl
 
-from jaxspec.kernels._attention_parts import LOG2E, write_fresh
+from jaxspec.kernels._attention_parts import LOG2E, online_softmax_init, online_softmax_step, write_fresh
 from jaxspec.kernels._backend import Implementation, resolve_implementation
 from jaxspec.kernels._dispatch import cdiv, next_pow2
 from jaxspec.kernels._triton import compiler_params, load, store
@@ -115,7 +115,6 @@ def _kernel(lay_ref, pt_ref, pre_ref, pos_ref, fat_ref, has_ref, q_ref, k_ref, v
     prec = jax.lax.Precision.HIGHEST if q.dtype == jnp.float32 else None
 
     def step(t, carry):
-        acc, m, l = carry
         kp = t * KEY_BLOCK + j
         in_pre = kp < n_pre
         off = kp - n_pre
@@ -130,18 +129,9 @@ def _kernel(lay_ref, pt_ref, pre_ref, pos_ref, fat_ref, has_ref, q_ref, k_ref, v
         kv_mask = ok[:, None] & col[None, :]
         k = load(k_ref.at[(lay, *idx) if layered else idx], mask=kv_mask, other=0)
         v = load(v_ref.at[(lay, *idx) if layered else idx], mask=kv_mask, other=0)
-        sc = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), precision=prec, preferred_element_type=jnp.float32)
-        sc = jnp.where(ok[None, :], sc * scale, -jnp.inf)
-        m_new = jnp.maximum(m, jnp.max(sc, axis=1))
-        p = jnp.exp2(sc - m_new[:, None])
-        alpha = jnp.exp2(m - m_new)
-        l = l * alpha + jnp.sum(p, axis=1)
-        acc = acc * alpha[:, None] + jax.lax.dot_general(
-            p.astype(v.dtype), v, (((1,), (0,)), ((), ())), precision=prec, preferred_element_type=jnp.float32)
-        return acc, m_new, l
+        return online_softmax_step(carry, q, k, v, ok, scale, prec)
 
-    init = (jnp.zeros((rows, e_pad), jnp.float32), jnp.full((rows,), -jnp.inf, jnp.float32),
-            jnp.zeros((rows,), jnp.float32))
+    init = online_softmax_init(rows, e_pad)
     acc, _, l = jax.lax.fori_loop(0, (last + KEY_BLOCK) // KEY_BLOCK, step, init)
     out = (acc / l[:, None]).astype(o_ref.dtype)
     # masked-off rows park on an out-of-range head (interpreted, a masked lane still writes its old value back)
@@ -159,7 +149,8 @@ def _triton(q, k_pool, v_pool, layer, page_table, prefix_lens, positions, qmask,
     lay = jnp.reshape(jnp.asarray(0 if layer is None else layer, jnp.int32), (1,))
     kernel = functools.partial(
         _kernel, page_size=page_size, num_pages=k_pool.shape[-3] // page_size, width=page_table.shape[1], nq=nq,
-        grp=grp, num_kv=hkv, rows=max(MIN_ROWS, next_pow2(grp)), head_dim=e, scale=float(sm_scale * LOG2E), layered=layered)
+        grp=grp, num_kv=hkv, rows=max(MIN_ROWS, next_pow2(grp)), head_dim=e, scale=float(sm_scale * LOG2E),
+        layered=layered)
     return pl.pallas_call(
         kernel,
         out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),

@@ -19,7 +19,8 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from jaxspec.kernels._attention_parts import LOG2E, TRITON_BLOCK as BLOCK
-from jaxspec.kernels._attention_parts import default_num_splits, query_rows, triton_plan
+from jaxspec.kernels._attention_parts import (default_num_splits, online_softmax_init, online_softmax_step, query_rows,
+                                              triton_plan)
 from jaxspec.kernels._dispatch import next_pow2
 from jaxspec.kernels._triton import compiler_params, load, store
 
@@ -44,25 +45,15 @@ def _kernel(len_ref, pt_ref, q_ref, k_ref, v_ref, acc_ref, m_ref, l_ref, *, page
     prec = jax.lax.Precision.HIGHEST if q.dtype == jnp.float32 else None
 
     def step(t, carry):
-        acc, m, l = carry
         pos = t * BLOCK + j
         ok = pos < n
         page = load(pt_ref.at[b, jnp.minimum(pos // g, width - 1)], mask=ok, other=0)
         slot = jnp.clip(page, 0, num_pages - 1) * g + pos % g
         k = load(k_ref.at[slot[:, None], h, c[None, :]], mask=ok[:, None] & col[None, :], other=0)
         v = load(v_ref.at[slot[:, None], h, c[None, :]], mask=ok[:, None] & col[None, :], other=0)
-        sc = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), precision=prec, preferred_element_type=jnp.float32)
-        sc = jnp.where(ok[None, :], sc * scale, -jnp.inf)
-        m_new = jnp.maximum(m, jnp.max(sc, axis=1))
-        p = jnp.exp2(sc - m_new[:, None])
-        alpha = jnp.exp2(m - m_new)
-        l = l * alpha + jnp.sum(p, axis=1)
-        acc = acc * alpha[:, None] + jax.lax.dot_general(
-            p.astype(v.dtype), v, (((1,), (0,)), ((), ())), precision=prec, preferred_element_type=jnp.float32)
-        return acc, m_new, l
+        return online_softmax_step(carry, q, k, v, ok, scale, prec)
 
-    init = (jnp.zeros((rows, e_pad), jnp.float32), jnp.full((rows,), -jnp.inf, jnp.float32),
-            jnp.zeros((rows,), jnp.float32))
+    init = online_softmax_init(rows, e_pad)
     acc, m, l = jax.lax.fori_loop(lo, hi, step, init)
     store(acc_ref.at[b, h, s, r[:, None], c[None, :]], acc, mask=col[None, :])
     store(m_ref.at[b, h, s, r], m)

@@ -13,11 +13,11 @@ decode, verify and draft extend alike), its kernel picked by ``meta.implementati
 queries and fresh K/V are cast to the pool dtype for it (softmax and accumulation in float32).
 
 Batch-invariant forwards (``meta.batch_invariant``): every matmul is ``invariant_matmul`` (the RMSNorm before
-it in its prologue, its mean square summed in a fixed order), attention is ``invariant_attention``, so a row's logits do not depend on the
-other rows of the call (a verify window's row equals the same token decoded alone; a request's rows equal
-the same request in any batch); RoPE, the activations and the residual stream are elementwise.
-``meta.implementation == "reference"`` runs their jnp references, anything else their Pallas kernels where
-they can (on a GPU, or interpreted with ``meta.interpret``).
+it in its prologue, its mean square summed in a fixed order) and attention is ``invariant_attention``, so a
+row's logits do not depend on the other rows of the call (a verify window's row equals the same token decoded
+alone; a request's rows equal the same request in any batch); RoPE, the activations and the residual stream
+are elementwise. ``meta.implementation == "reference"`` runs their jnp references, anything else their Pallas
+kernels where they can (on a GPU, or interpreted with ``meta.interpret``).
 """
 
 import jax
@@ -139,6 +139,14 @@ def _invariant_impl(meta: AttentionMetadata) -> dict | None:
     return dict(implementation="pallas" if meta.interpret else "auto", interpret=meta.interpret)
 
 
+def _project(linear, x, invariant, norm=None):
+    """``linear(x)``, or in a batch-invariant forward ``linear(x, invariant, norm)`` (a default forward calls a
+    projection with ``x`` alone, so any module with that call can stand in for a ``Linear``)."""
+    if invariant is None:
+        return linear(x if norm is None else norm(x))
+    return linear(x, invariant, norm)
+
+
 def tied_head(x, w):
     """``x [..., D] . w [V, D]`` over ``D`` -> ``f32[..., V]``: the tied LM head (``w`` the embedding table).
 
@@ -227,7 +235,7 @@ class SelfAttention(nnx.Module):
         e, hq, hkv = cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads
         inv_freq = rope_inv_freq(cfg)
         inv = _invariant_impl(meta)
-        qkv = self.qkv_proj(x, inv, norm)[:b].reshape(b, nq, hq + 2 * hkv, e)
+        qkv = _project(self.qkv_proj, x, inv, norm)[:b].reshape(b, nq, hq + 2 * hkv, e)
         q = apply_rope(qkv[:, :, :hq], meta.positions, inv_freq)
         k = apply_rope(qkv[:, :, hq:hq + hkv], meta.positions, inv_freq)
         v = qkv[:, :, hq + hkv:]
@@ -253,7 +261,7 @@ class SelfAttention(nnx.Module):
             if locs is not None:
                 out, k_pool, v_pool = out
                 cache = PagedKVCache(k=k_pool, v=v_pool, req_to_token=cache.req_to_token)
-        return self.o_proj(out.reshape(b, nq, -1), inv), cache
+        return _project(self.o_proj, out.reshape(b, nq, -1), inv), cache
 
     def _invariant_attention(self, q, k, v, meta: AttentionMetadata, cache: PagedKVCache | None, layer: int,
                              inv: dict):
@@ -290,8 +298,8 @@ class MLP(nnx.Module):
 
     def __call__(self, x, invariant=None, norm=None):
         f = self.intermediate_size
-        gu = self.gate_up_proj(x, invariant, norm)
-        return self.down_proj(jax.nn.silu(gu[..., :f]) * gu[..., f:], invariant)
+        gu = _project(self.gate_up_proj, x, invariant, norm)
+        return _project(self.down_proj, jax.nn.silu(gu[..., :f]) * gu[..., f:], invariant)
 
 
 class DecoderLayer(nnx.Module):
