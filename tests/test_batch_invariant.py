@@ -274,3 +274,34 @@ def test_invariant_matmul_rms_norm_prologue(impl, interpret):
         invariant_matmul(x, w, norm_weight=nw)
     with pytest.raises(ValueError, match="norm_eps: given without norm_weight"):
         invariant_matmul(x, w, norm_eps=1e-5)
+
+
+@pytest.mark.gpu
+def test_gpu_kernels_are_invariant_and_match_the_references():
+    """On the GPU, compiled: the matmul's rows alone == among 127 others, and the attention kernel's decode ==
+    extend == tree paths (the interpreted test above, compiled), both within tolerance of their references."""
+    rng = np.random.default_rng(21)
+    w = jnp.asarray(rng.standard_normal((576, 960)) * 576**-0.5, jnp.bfloat16)
+    nw = jnp.asarray(1 + 0.1 * rng.standard_normal(576), jnp.float32)
+    x = jnp.asarray(rng.standard_normal((128, 576)), jnp.float32)
+    kw = dict(norm_weight=nw, norm_eps=1e-5)
+    y = np.asarray(invariant_matmul(x, w, **kw))
+    for i in (0, 77):
+        assert (np.asarray(invariant_matmul(x[i:i + 1], w, **kw))[0] == y[i]).all()
+    ref = np.asarray(invariant_matmul(x, w, implementation="reference", **kw))
+    np.testing.assert_allclose(y, ref, rtol=2**-7, atol=2**-7)  # one bf16 ulp of a normed input, summed
+    r2t = jnp.asarray(make_req_to_token(B, W, G, seed=3))
+    kp, vp = _pools(rng, jnp.bfloat16, r2t)
+    q, k, v = _fresh(rng, jnp.bfloat16, N)
+    run = jax.jit(lambda *a: _attend("auto", False, *a))
+    meta = pipeline.prefill_metadata(jnp.full((B,), N, jnp.int32), r2t, N, page_size=G,
+                                     prefix_lens=jnp.full((B,), P, jnp.int32))
+    ext = run(q, k, v, kp, vp, meta)[0]
+    want = _attend("reference", False, q, k, v, kp, vp, meta)[0]
+    np.testing.assert_allclose(np.asarray(ext, np.float32), np.asarray(want, np.float32), rtol=2**-7, atol=2**-7)
+    kpj, vpj, rows = kp, vp, []
+    for j in range(N):
+        o, kpj, vpj = run(q[:, j:j + 1], k[:, j:j + 1], v[:, j:j + 1], kpj, vpj,
+                          pipeline.decode_metadata(jnp.full((B,), P + j, jnp.int32), r2t, page_size=G))
+        rows.append(o[:, 0])
+    assert (np.asarray(jnp.stack(rows, 1)) == np.asarray(ext)).all()
