@@ -87,7 +87,9 @@ class Engine:
         forward, so greedy speculative output equals plain greedy output token for token in bf16 as in f32,
         and a request's output does not depend on its batch, its row or how its prompt was chunked (for the
         same weights, dtype, device kind and jax version; docs/serving.md, "Batch-invariant mode"). Needs a
-        target with ``supports_batch_invariant = True`` (``jaxspec.models.Decoder``).
+        target with ``supports_batch_invariant = True`` (``jaxspec.models.Decoder``). The target's invariant
+        kernels follow ``implementation``: ``"reference"`` runs their jnp references, any other value their
+        Pallas kernels where they run (``interpret`` as for the others); the drafter keeps the default kernels.
       simulate_accept: BENCHMARKING ONLY, never lossless: a ``SimulatedAccept`` that forces the accept
         length of every speculative round (SGLang's ``SIMULATE_ACC_LEN``; ``jaxspec.engine.simulate``).
 
