@@ -12,6 +12,50 @@ import sys
 import numpy as np
 
 
+def _decode_equals_extend() -> list:
+    """SmolLM2-135M's widths (576 hidden, 9 / 3 heads of 64, 2 layers, bf16, page size 16), the interpreted Pallas
+    kernels and the references: 4 tokens decoded one forward each == the same tokens in one causal extend, logits
+    bit for bit (after a 70-token prefill through the same kernels)."""
+    import dataclasses
+
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from jaxspec import pipeline
+    from jaxspec.models import Decoder, DecoderConfig
+    from jaxspec.protocols import make_req_to_token
+
+    cfg = DecoderConfig(vocab_size=1024, hidden_size=576, intermediate_size=1536, num_hidden_layers=2,
+                        num_attention_heads=9, num_key_value_heads=3, head_dim=64, rms_norm_eps=1e-5,
+                        tie_word_embeddings=True)
+    target = Decoder(cfg, rngs=nnx.Rngs(0), param_dtype=jnp.bfloat16, kv_dtype=jnp.bfloat16)
+    g, w, b, p, n = 16, 128, 2, 70, 4
+    r2t = jnp.asarray(make_req_to_token(b, w, g, seed=1))
+    rng = np.random.default_rng(0)
+    prompts = jnp.asarray(rng.integers(0, cfg.vocab_size, (b, p)), jnp.int32)
+    toks = jnp.asarray(rng.integers(0, cfg.vocab_size, (b, n)), jnp.int32)
+    fwd = jax.jit(lambda tok, meta, cache: target.forward(tok, meta, cache)[::2])
+    same = []
+    for impl, interpret in (("pallas", True), ("reference", False)):
+        def inv(meta, impl=impl, interpret=interpret):
+            return dataclasses.replace(meta, batch_invariant=True, implementation=impl, interpret=interpret)
+
+        meta = pipeline.prefill_metadata(jnp.full((b,), p, jnp.int32), r2t, p, page_size=g,
+                                         prefix_lens=jnp.zeros((b,), jnp.int32))
+        _, c0 = fwd(prompts, inv(meta), target.make_cache(r2t, b * w + g))
+        c, rows = c0, []
+        for j in range(n):
+            meta = pipeline.decode_metadata(jnp.full((b,), p + j, jnp.int32), r2t, page_size=g)
+            logits, c = fwd(toks[:, j:j + 1], inv(meta), c)
+            rows.append(logits[:, 0])
+        meta = pipeline.prefill_metadata(jnp.full((b,), n, jnp.int32), r2t, n, page_size=g,
+                                         prefix_lens=jnp.full((b,), p, jnp.int32))
+        ext, _ = fwd(toks, inv(meta), c0)
+        same.append(bool((np.asarray(jnp.stack(rows, 1)) == np.asarray(ext)).all()))
+    return same
+
+
 def main(pallas: bool) -> dict:
     import jax.numpy as jnp
 
@@ -42,6 +86,7 @@ def main(pallas: bool) -> dict:
                            mode_rounds=np.asarray(res.mode_rounds).tolist())
     if pallas:
         return out
+    out["smollm2_widths"] = dict(same=_decode_equals_extend())
     # one request alone == the same request in a batch of 32 with random neighbours (plain and chain)
     crowd = [rng.integers(2, 64, int(n)).astype(np.int32) for n in rng.integers(3, 40, 32)]
     crowd[11] = prompts[3]

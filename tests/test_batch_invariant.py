@@ -2,7 +2,8 @@
 kernels interpreted on CPU) against their references and the default ops, row invariance bit for bit, the
 engine's refusals, and, in a process of its own with the XLA:CPU flag the mode needs
 (``batch_invariant_checks.py``): greedy speculative (chain, tree, adaptive) == plain token for token in bf16,
-a request alone == the same request in a batch of 32, the serving core under random arrivals == plain.
+a request alone == the same request in a batch of 32, the serving core under random arrivals == plain, and
+decode == extend bit for bit at SmolLM2-135M's widths.
 
 Tolerances against the default ops are float32 rounding of sums taken in another order: ``1e-5`` relative
 (``K <= 256`` products of unit-scale values) for float32 results, one bf16 ulp (``2**-8`` relative) where the
@@ -226,6 +227,10 @@ def test_bf16_speculative_equals_plain(checks, name):
 @pytest.mark.parametrize("name", ["batch32_plain", "batch32_chain"])
 def test_bf16_alone_equals_in_a_batch_of_32(checks, name):
     assert all(checks[name]["same"])
+
+
+def test_bf16_decode_equals_extend_at_smollm2_widths(checks):
+    assert checks["smollm2_widths"]["same"] == [True, True]  # the interpreted Pallas kernels, the references
 
 
 def test_bf16_serving_core_equals_plain(checks):
