@@ -17,7 +17,9 @@ it is measured, so a run cut short keeps what it measured):
   the per-request accept lengths' histogram, whether its greedy tokens equal plain decoding's, and tokens/s at
   ``--batches`` (generated tokens / seconds). Lossless: at temperature 0 every engine returns plain decoding's
   tokens (up to bf16 near-ties between a 1-row and a multi-row forward; none in the batch-invariant mode).
-  ``--modes default,invariant`` runs the part once per mode (``Engine(batch_invariant=True)``), side by side.
+  ``--modes default,invariant`` runs the part once per mode (``Engine(batch_invariant=True)``), side by side; the
+  invariant mode also decodes the first 32 requests alone and all of them through the serving core, each
+  compared with its reply in the all-prompts batch.
 * ``hf``: transformers (the same GGUF via ``from_pretrained(dir, gguf_file=...)``, bf16, CUDA), equal work as in
   ``plain``: ``generate(do_sample=False)`` eager (dynamic cache), ``compile`` (its fastest documented path: static
   cache, forward under ``torch.compile(mode="reduce-overhead", fullgraph=True)``, one warm-up call per batch size),
@@ -59,6 +61,8 @@ def _parse(argv):
     ap.add_argument("--new-tokens", type=int, default=256, help="spec part: most tokens per request")
     ap.add_argument("--fixed-tokens", type=int, default=256, help="plain/hf parts: tokens per request")
     ap.add_argument("--temperatures", default="0,0.7", help="spec part: acceptance temperatures")
+    ap.add_argument("--serving-slots", type=int, default=16,
+                    help="spec part, invariant mode: the serving core's slots in its check against the batch")
     ap.add_argument("--modes", default="default",
                     help="spec part: comma list of default, invariant (Engine(batch_invariant=True)), run in order")
     ap.add_argument("--accept-configs", default="eagle3-chain3,mtp-chain3",
@@ -199,6 +203,8 @@ def part_spec(run, models, prompts, batches, args, eos_id, mode="default"):
     run.add(part="spec", mode=mode, engine="jaxspec", config="plain", batch=n_all, accept_len=1.0,
             tokens=_n_tokens(ref), first_call_s=plain_all_s)
     ref_tokens = [np.asarray(t).tolist() for t in ref.tokens]
+    if inv and run.time_left():
+        _invariance_rows(run, plain, prompts, ref_tokens, args, eos_id)
     for b in batches:
         if not run.time_left():
             return
@@ -254,6 +260,36 @@ def part_spec(run, models, prompts, batches, args, eos_id, mode="default"):
                     speedup=tok_s / plain_tok[b] if b in plain_tok else None)
             print(f"{name:<18s} b={b:<3d} {tok_s:10.1f} tok/s  {tok_s / plain_tok.get(b, float('nan')):.2f}x plain "
                   f"(accept {res.mean_accept_length:.2f}; first call {first_s:.1f} s; {mode})", flush=True)
+
+
+def _invariance_rows(run, plain, prompts, ref_tokens, args, eos_id):
+    """The batch-invariant mode's own checks on the real prompts: the first 32 requests decoded alone (batch 1)
+    against their replies in the all-prompts batch, and the serving core (``--serving-slots`` slots, every request
+    submitted at once, so they join and leave a running batch) against the same replies."""
+    import numpy as np
+
+    from jaxspec.engine import Engine
+    from jaxspec.serving import RequestParams, ServingEngine
+
+    n = min(32, len(prompts))
+    solo = Engine(plain.target, None, max_context=plain.max_context, page_size=args.page_size, max_batch=1,
+                  eos_id=eos_id, batch_invariant=True)
+    same = [np.asarray(solo.generate([prompts[i]], args.new_tokens).tokens[0]).tolist() == ref_tokens[i]
+            for i in range(n)]
+    run.add(part="spec", mode="invariant", check="alone_vs_batch", requests=n, same=int(sum(same)))
+    print(f"invariant: {sum(same)}/{n} requests alone equal to the same requests in the batch of {len(prompts)}",
+          flush=True)
+    eng = Engine(plain.target, None, max_context=plain.max_context, page_size=args.page_size,
+                 max_batch=args.serving_slots, eos_id=eos_id, batch_invariant=True)
+    se = ServingEngine(eng, rounds_per_step=4)
+    handles = [se.submit(np.asarray(p, np.int32), RequestParams(max_new_tokens=args.new_tokens)) for p in prompts]
+    while se.has_unfinished():
+        se.step()
+    same = [[int(x) for x in h.output] == ref for h, ref in zip(handles, ref_tokens)]
+    run.add(part="spec", mode="invariant", check="serving_vs_batch", requests=len(prompts), same=int(sum(same)),
+            slots=args.serving_slots)
+    print(f"invariant: serving core ({args.serving_slots} slots) {sum(same)}/{len(prompts)} equal to the batch",
+          flush=True)
 
 
 # ------------------------------------------------------------------------------------------------ transformers
