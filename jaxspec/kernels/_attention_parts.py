@@ -1,6 +1,6 @@
 """What the paged attention kernels share: the query-row layout, the fresh-token part, the merge of the
 partial softmaxes, the online-softmax block step of the Triton kernels, the write of the fresh K/V into the
-pool, the split count, and each kernel's tile plan sized to the GPU's shared memory.
+pool, the slots of a row's prefix, the split count, and each kernel's tile plan sized to the GPU's shared memory.
 
 ``paged_attention`` and both prefix kernels (``paged_attention_mosaic``, ``paged_attention_triton``) import
 this module; it imports neither of them.
@@ -189,3 +189,29 @@ def online_softmax_step(carry, q, k, v, ok, scale, prec):
     acc = acc * alpha[:, None] + jax.lax.dot_general(
         p.astype(v.dtype), v, (((1,), (0,)), ((), ())), precision=prec, preferred_element_type=jnp.float32)
     return acc, m_new, l
+
+
+def write_fresh_kv(k_pool, v_pool, layer, write_locs, k_new, v_new):
+    """Both pools with the fresh ``k_new, v_new [B, Q, Hkv, E]`` stored at ``write_locs i32[B*Q]``
+    (``write_fresh``); ``write_locs`` None: the pools as they are."""
+    hkv, e = k_new.shape[2:]
+    if write_locs is None:
+        return k_pool, v_pool
+    return (write_fresh(k_pool, layer, write_locs, k_new.reshape(-1, hkv, e)),
+            write_fresh(v_pool, layer, write_locs, v_new.reshape(-1, hkv, e)))
+
+
+def prefix_slots(page_table, page_size, num_slots):
+    """``i32[B, P*G]``: the pool slot of every logical position ``< P*G`` of each row through ``page_table i32[B,
+    P]`` (page ids clamped into a pool of ``num_slots`` slots)."""
+    width = page_table.shape[1] * page_size
+    pos = jnp.arange(width, dtype=jnp.int32)
+    pages = jnp.clip(page_table[:, pos // page_size], 0, num_slots // page_size - 1)
+    return pages * page_size + (pos % page_size)[None, :]
+
+
+def one_layer(k_pool, v_pool, layer):
+    """Inside jit: the ``[X, Hkv, E]`` pools of ``layer`` (``None``: the pools are one layer's already)."""
+    if layer is None:
+        return k_pool, v_pool
+    return tuple(jax.lax.dynamic_index_in_dim(x, layer, 0, keepdims=False) for x in (k_pool, v_pool))

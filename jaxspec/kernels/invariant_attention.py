@@ -35,7 +35,8 @@ import jax.numpy as jnp
 
 from jax.experimental import pallas as pl
 
-from jaxspec.kernels._attention_parts import LOG2E, online_softmax_init, online_softmax_step, write_fresh
+from jaxspec.kernels._attention_parts import (LOG2E, one_layer, online_softmax_init, online_softmax_step,
+                                              prefix_slots, write_fresh_kv)
 from jaxspec.kernels._backend import Implementation, resolve_implementation
 from jaxspec.kernels._dispatch import cdiv, next_pow2
 from jaxspec.kernels._triton import compiler_params, load, store
@@ -61,10 +62,9 @@ def _key_slots(page_table, prefix_lens, positions, qmask, fresh_slots, page_size
     """``(slots i32[B, Q, width], valid bool[B, Q, width])``: the pool slot of each query's key at each logical
     position (module docstring)."""
     b, nq = positions.shape
-    g = page_size
     pos = jnp.arange(width, dtype=jnp.int32)
-    pages = jnp.clip(page_table[:, jnp.minimum(pos // g, page_table.shape[1] - 1)], 0, num_slots // g - 1)
-    prefix_slot = pages * g + (pos % g)[None, :]  # [B, width]
+    table = prefix_slots(page_table, page_size, num_slots)  # [B, P*G]; a row's context never passes P*G
+    prefix_slot = jnp.pad(table, ((0, 0), (0, width - table.shape[1])))  # [B, width]
     fresh_at, has = _fresh_at(prefix_lens, positions, qmask, fresh_slots)
     off = pos[None, :] - prefix_lens[:, None]  # [B, width]
     idx = jnp.clip(off, 0, nq - 1)[:, None, :]
@@ -198,18 +198,12 @@ def invariant_attention(q, k_new, v_new, k_pool, v_pool, page_table, prefix_lens
     k_pool, v_pool)``. Softmax and sums in float32. Jittable (traced inside the caller's jit)."""
     _check(q, k_new, k_pool, page_table, prefix_lens, positions, qmask, write_locs, layer)
     impl = resolve_invariant_attention(implementation, interpret)
-    b, nq, hq, e = q.shape
-    hkv = k_new.shape[2]
-    flat = write_locs.reshape(-1)
-    k_pool = write_fresh(k_pool, layer, flat, k_new.reshape(-1, hkv, e))
-    v_pool = write_fresh(v_pool, layer, flat, v_new.reshape(-1, hkv, e))
+    k_pool, v_pool = write_fresh_kv(k_pool, v_pool, layer, write_locs.reshape(-1), k_new, v_new)
     kw = dict(page_size=page_size, sm_scale=sm_scale)
     if impl == "triton":
         out = _triton(q, k_pool, v_pool, layer, page_table, prefix_lens, positions, qmask, write_locs,
                       interpret=interpret, **kw)
     else:
-        k_one, v_one = k_pool, v_pool
-        if layer is not None:
-            k_one, v_one = (jax.lax.dynamic_index_in_dim(x, layer, 0, keepdims=False) for x in (k_pool, v_pool))
+        k_one, v_one = one_layer(k_pool, v_pool, layer)
         out = _reference(q, k_one, v_one, page_table, prefix_lens, positions, qmask, write_locs, **kw)
     return out, k_pool, v_pool

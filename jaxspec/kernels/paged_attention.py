@@ -44,8 +44,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxspec.kernels import paged_attention_triton as _triton_kernel
-from jaxspec.kernels._attention_parts import (fresh_partial, merge_partials, mosaic_plan, triton_plan,
-                                              write_fresh)
+from jaxspec.kernels._attention_parts import (fresh_partial, merge_partials, mosaic_plan, one_layer, prefix_slots,
+                                              triton_plan, write_fresh_kv)
 from jaxspec.kernels._backend import Implementation, resolve_implementation
 
 try:
@@ -131,23 +131,16 @@ def _check(q, k_new, v_new, k_pool, v_pool, page_table, prefix_lens, qmask, qmas
 # reference
 
 
-def _prefix_slots(page_table, page_size, num_slots):
-    width = page_table.shape[1] * page_size
-    pos = jnp.arange(width, dtype=jnp.int32)
-    pages = jnp.clip(page_table[:, pos // page_size], 0, num_slots // page_size - 1)
-    return pages * page_size + (pos % page_size)[None, :]  # i32[B, P*G]
-
-
 def _reference(q, k_new, v_new, k_pool, v_pool, page_table, prefix_lens, qmask, layer, *, page_size, sm_scale):
     """Softmax over the prefix keys and the fresh keys as two parts sharing one max and one sum, no concatenated
     scores or values (XLA:CPU, the demo pair in a compiled forward loop: the fresh part with the concatenates cost
     ~2.7 us per layer at 1 row and ~5.6 us at 4 rows; this form saved ~2.0 and ~3.4 us of them)."""
-    k_pool, v_pool = _one_layer(k_pool, v_pool, layer)
+    k_pool, v_pool = one_layer(k_pool, v_pool, layer)
     b, nq, hq, e = q.shape
     hkv = k_new.shape[2]
     prec = jax.lax.Precision.HIGHEST
     f32 = jnp.float32
-    slots = _prefix_slots(page_table, page_size, k_pool.shape[0])
+    slots = prefix_slots(page_table, page_size, k_pool.shape[0])
     w = slots.shape[1]
     qg = q.reshape(b, nq, hkv, hq // hkv, e)
     s_new = jnp.einsum("bqhge,bkhe->bhqgk", qg, k_new, precision=prec, preferred_element_type=f32)
@@ -180,13 +173,6 @@ def paged_attention_reference(
                    layer)
     return _reference_jit(q, k_new, v_new, k_pool, v_pool, page_table, prefix_lens, qmask, layer, None,
                           page_size=int(page_size), sm_scale=float(sm_scale))
-
-
-def _one_layer(k_pool, v_pool, layer):
-    """Inside jit: the ``[X, Hkv, E]`` pools of ``layer`` (``None``: the pools are one layer's already)."""
-    if layer is None:
-        return k_pool, v_pool
-    return tuple(jax.lax.dynamic_index_in_dim(x, layer, 0, keepdims=False) for x in (k_pool, v_pool))
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -272,18 +258,10 @@ def paged_attention(
               num_splits=num_splits)
 
 
-def _with_write(k_pool, v_pool, layer, write_locs, k_new, v_new):
-    hkv, e = k_new.shape[2:]
-    if write_locs is None:
-        return k_pool, v_pool
-    return (write_fresh(k_pool, layer, write_locs, k_new.reshape(-1, hkv, e)),
-            write_fresh(v_pool, layer, write_locs, v_new.reshape(-1, hkv, e)))
-
-
 def _reference_with_write(q, k_new, v_new, k_pool, v_pool, page_table, prefix_lens, qmask, layer, write_locs, *,
                           page_size, sm_scale):
     # write first, then attend (the prefix never overlaps the write slots, so the order changes nothing)
-    k_pool, v_pool = _with_write(k_pool, v_pool, layer, write_locs, k_new, v_new)
+    k_pool, v_pool = write_fresh_kv(k_pool, v_pool, layer, write_locs, k_new, v_new)
     out = _reference(q, k_new, v_new, k_pool, v_pool, page_table, prefix_lens, qmask, layer, page_size=page_size,
                      sm_scale=sm_scale)
     return out if write_locs is None else (out, k_pool, v_pool)
@@ -304,7 +282,7 @@ def _kernel(q, k_new, v_new, k_pool, v_pool, page_table, prefix_lens, qmask, lay
         # for more rows the in-kernel write replaces two scatter kernels (batch 32: 5.83 ms against 5.93-5.95).
         fused = write_locs is not None and write_locs.shape[0] > 1
         if write_locs is not None and not fused:
-            k_pool, v_pool = _with_write(k_pool, v_pool, layer, write_locs, k_new, v_new)
+            k_pool, v_pool = write_fresh_kv(k_pool, v_pool, layer, write_locs, k_new, v_new)
         fresh = (k_new, v_new, write_locs) if fused else None
         parts = _mosaic_kernel.prefix_partials(q, k_new.shape[2], k_pool, v_pool, page_table, prefix_lens,
                                                layer=layer, fresh=fresh, **kw)
@@ -312,8 +290,8 @@ def _kernel(q, k_new, v_new, k_pool, v_pool, page_table, prefix_lens, qmask, lay
         if fused:
             k_pool, v_pool = parts[3:]
     else:
-        k_pool, v_pool = _with_write(k_pool, v_pool, layer, write_locs, k_new, v_new)
-        k_one, v_one = _one_layer(k_pool, v_pool, layer)
+        k_pool, v_pool = write_fresh_kv(k_pool, v_pool, layer, write_locs, k_new, v_new)
+        k_one, v_one = one_layer(k_pool, v_pool, layer)
         acc, m, l = _triton_kernel.prefix_partials(q, k_new.shape[2], k_one, v_one, page_table, prefix_lens, **kw)
     out = merge_partials(q, fresh_partial(q, k_new, v_new, qmask, sm_scale), acc, m, l)
     return out if write_locs is None else (out, k_pool, v_pool)
