@@ -10,7 +10,7 @@ import numpy as np
 from jaxspec.config import SpecConfig
 from jaxspec.engine.policy import AdaptivePolicy
 from jaxspec.engine.simulate import SimulatedAccept
-from jaxspec.kernels import Implementation
+from jaxspec.kernels import Implementation, batch_invariance_blocker
 from jaxspec.protocols import Drafter, check_implements
 
 
@@ -52,6 +52,20 @@ def check_engine_args(*, vocab_size: int, max_context, page_size, max_batch, num
     if not isinstance(interpret, bool):
         raise ValueError(f"interpret: expected a bool, got {interpret!r}")
     return out
+
+
+def check_batch_invariant(batch_invariant, target) -> None:
+    """``Engine(batch_invariant=...)``: a bool; ``True`` needs a target that declares ``supports_batch_invariant``
+    and a backend that can honour the mode (``jaxspec.kernels.batch_invariance_blocker``)."""
+    if not isinstance(batch_invariant, bool):
+        raise ValueError(f"batch_invariant: expected a bool, got {batch_invariant!r}")
+    if not batch_invariant:
+        return
+    if not getattr(target, "supports_batch_invariant", False):
+        raise ValueError(f"batch_invariant=True: the target ({type(target).__name__}) does not declare "
+                         "supports_batch_invariant = True (jaxspec.models.Decoder does)")
+    if (why := batch_invariance_blocker()) is not None:
+        raise ValueError(f"batch_invariant=True: {why}")
 
 
 def check_speculation(spec, drafter, adaptive, simulate_accept) -> tuple[tuple[SpecConfig, ...], AdaptivePolicy | None]:

@@ -23,8 +23,8 @@ import numpy as np
 from jaxspec._validate import checks_enabled
 from jaxspec.config import SpecConfig
 from jaxspec.engine import calibrate as _calibrate
-from jaxspec.engine.checks import (check_distinct_buffers, check_engine_args, check_prompts, check_sampling,
-                                   check_speculation, check_verify, is_int)
+from jaxspec.engine.checks import (check_batch_invariant, check_distinct_buffers, check_engine_args, check_prompts,
+                                   check_sampling, check_speculation, check_verify, is_int)
 from jaxspec.engine.compiled import EntryPoints, entry_points, split_models
 from jaxspec.engine.memory import allocate_state, check_pool_bytes, padded_prompts
 from jaxspec.engine.policy import AdaptivePolicy, PolicyState, init_policy_state
@@ -32,7 +32,7 @@ from jaxspec.engine.simulate import SimulatedAccept
 from jaxspec.engine.slots import SlotChunks
 from jaxspec.engine.state import DecodeState, EngineOptions
 from jaxspec.engine.step import draft_spec_max_accept, prefill_lookahead
-from jaxspec.kernels import Implementation, batch_invariance_blocker, next_pow2
+from jaxspec.kernels import Implementation, next_pow2
 from jaxspec.protocols import PagedKVCache, TargetModel, check_implements, make_req_to_token, num_pages_needed
 
 
@@ -122,13 +122,7 @@ class Engine:
         batch_invariant: bool = False,
     ):
         check_implements(target, TargetModel, "target")
-        if not isinstance(batch_invariant, bool):
-            raise ValueError(f"batch_invariant: expected a bool, got {batch_invariant!r}")
-        if batch_invariant and not getattr(target, "supports_batch_invariant", False):
-            raise ValueError(f"batch_invariant=True: the target ({type(target).__name__}) does not declare "
-                             "supports_batch_invariant = True (jaxspec.models.Decoder does)")
-        if batch_invariant and (why := batch_invariance_blocker()) is not None:
-            raise ValueError(f"batch_invariant=True: {why}")
+        check_batch_invariant(batch_invariant, target)
         specs, adaptive = check_speculation(spec, drafter, adaptive, simulate_accept)
         self.vocab_size = int(target.vocab_size)
         args = check_engine_args(
