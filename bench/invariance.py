@@ -21,6 +21,7 @@ default mode and in the batch-invariant one, and what the mode costs.
 """
 
 import dataclasses
+import functools
 import json
 import statistics
 import sys
@@ -64,26 +65,39 @@ def _config(layers: int, tiny: bool):
 # ------------------------------------------------------------------------------------------------- checks
 
 
+@functools.cache
+def _jitted_forward():
+    """``(graphdef, weights, tokens, meta, cache) -> (logits, cache)``, jitted once: the weights are arguments
+    (closed over, XLA would constant-fold them), and every ``_Forward`` shares the one compile cache."""
+    import jax
+    from flax import nnx
+
+    def forward(graphdef, weights, tokens, meta, cache):
+        return nnx.merge(graphdef, weights).forward(tokens, meta, cache)[::2]
+
+    return jax.jit(forward, static_argnums=0)
+
+
 class _Forward:
-    """Jitted forwards of one target over one pool, in either mode."""
+    """Forwards of one target over one pool, in either mode."""
 
     def __init__(self, target, batch: int, width: int, page: int):
-        import jax
         import jax.numpy as jnp
+        from flax import nnx
 
         from jaxspec.protocols import make_req_to_token
 
         self.target, self.page, self.width = target, page, width
+        self.graphdef, self.weights = nnx.split(target)
         self.r2t = jnp.asarray(make_req_to_token(batch, width, page, seed=batch))
         self.slots = batch * width + page
-        self.fn = jax.jit(lambda tok, meta, cache: target.forward(tok, meta, cache)[::2])
 
     def cache(self):
         return self.target.make_cache(self.r2t, self.slots)
 
     def run(self, tokens, meta, cache, invariant: bool):
         meta = dataclasses.replace(meta, batch_invariant=invariant)
-        return self.fn(tokens, meta, cache)
+        return _jitted_forward()(self.graphdef, self.weights, tokens, meta, cache)
 
     def prefill(self, tokens, lens, prefix, cache, invariant):
         import jax.numpy as jnp
