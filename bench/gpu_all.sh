@@ -61,7 +61,8 @@ for p in $PARTS; do case $p in
   train) run "train_${TRAIN_NAME:-pair}" ${TRAIN_TIMEOUT:-500} $PY -m jaxspec.train_tiny --out "$OUT/${TRAIN_NAME:-pair}" \
       ${TRAIN_ARGS:---config demo --steps 2500 --batch 32} ;;
   # invariance: batch invariance checked and timed (bench/invariance.py; INVARIANCE_ARGS replaces the default
-  # "--checks --matmul", e.g. "--timing --batches 1,32" for a second call), under GPU_XLA_FLAGS
+  # "--checks --matmul", e.g. "--timing --batches 1,32" or "--prefill --layers 4" for a second call), under
+  # GPU_XLA_FLAGS
   # train-profile: the drafter trainer's per-stage profile (bench/train_profile.py; TRAIN_PROFILE_ARGS)
   invariance) XLA_FLAGS="${XLA_FLAGS-$GPU_XLA_FLAGS}" run invariance ${INVARIANCE_TIMEOUT:-300} $PY bench/invariance.py \
       ${INVARIANCE_ARGS:---checks --matmul} --json "$OUT/invariance.json" ;;

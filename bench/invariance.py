@@ -16,6 +16,11 @@ default mode and in the batch-invariant one, and what the mode costs.
   ``--context``: decode tok/s of plain, chain (3,1,4) and tree (5,4,16) (speculative rows with SIMULATED
   acceptance, mean 3.0, so the round's work is fixed) at ``--batches``, default mode vs batch-invariant, the
   ratio of the two in one run.
+* ``--prefill``: prompts of ``--prompt / 8`` to ``--prompt`` tokens (random lengths, as MT-Bench's) at
+  ``--batches``, an engine of ``--layers`` layers (SmolLM2's widths, random bf16 weights), default mode vs
+  batch-invariant: prefill time (prompt tokens/s), then ``--max-new`` decode steps from there (ms per step);
+  then the invariant kernels alone at the prefill's shapes (``B * prompt`` rows through the projections,
+  ``invariant_attention`` over ``[B, prompt]`` causal queries) against the default ones (us per call).
 * ``--matmul``: ``invariant_matmul`` against the default product (``jnp.dot``, what ``Linear`` runs) at
   SmolLM2's projection shapes and M = 1, 4, 32, 128, 512 rows, in device loops (us per call).
 """
@@ -40,6 +45,8 @@ def _parse(argv):
     ap.add_argument("--checks", action="store_true", help="the bitwise comparisons")
     ap.add_argument("--timing", action="store_true", help="decode tok/s, default vs batch-invariant")
     ap.add_argument("--matmul", action="store_true", help="invariant_matmul vs jnp.dot")
+    ap.add_argument("--prefill", action="store_true", help="prefill tok/s and its kernels, default vs invariant")
+    ap.add_argument("--prompt", type=int, default=400, help="tokens per prompt (prefill)")
     ap.add_argument("--layers", type=int, default=4, help="layers of the checks' target")
     ap.add_argument("--batches", default="1,8,32", help="comma list of batch sizes (timing)")
     ap.add_argument("--configs", default="plain,chain,tree16", help="comma list of plain, chain, tree16 (timing)")
@@ -310,11 +317,107 @@ def matmul(args, save) -> list:
     return rows
 
 
+# ------------------------------------------------------------------------------------------------- prefill
+
+
+def prefill(args, save) -> list:
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from flax import nnx
+
+    from jaxspec.engine import Engine
+    from jaxspec.kernels import invariant_attention, invariant_matmul, paged_attention
+    from jaxspec.models import Decoder
+
+    cfg = _config(args.layers, args.tiny)
+    model = Decoder(cfg, rngs=nnx.Rngs(0), param_dtype=jnp.bfloat16, kv_dtype=jnp.bfloat16)
+    rng = np.random.default_rng(0)
+    page = 16
+    width = -(-(args.prompt + args.max_new + 32) // page) * page
+    rows = []
+    for batch in [int(x) for x in args.batches.split(",")]:
+        lens = rng.integers(max(1, args.prompt // 8), args.prompt + 1, batch)  # MT-Bench-like spread
+        lens[0] = args.prompt
+        prompts = [rng.integers(0, cfg.vocab_size, n).astype(np.int32) for n in lens]
+        row = dict(part="engine", batch=batch, prompt=args.prompt, layers=args.layers, prompt_tokens=int(lens.sum()))
+        for inv in (False, True):
+            eng = Engine(model, None, max_context=width, page_size=page, max_batch=batch, batch_invariant=inv)
+            pre, dec = [], []
+            for _ in range(3):
+                t0 = time.perf_counter()
+                state = jax.block_until_ready(eng.run_prefill(*eng.prepare(prompts, args.max_new)))
+                t1 = time.perf_counter()
+                state = jax.block_until_ready(eng.run_decode(state))
+                pre.append(t1 - t0)
+                dec.append(time.perf_counter() - t1)
+            key = "invariant" if inv else "default"
+            row[f"{key}_prefill_ms"] = statistics.median(pre[1:]) * 1e3
+            row[f"{key}_tok_s"] = int(lens.sum()) / statistics.median(pre[1:])  # prompt tokens per second
+            row[f"{key}_decode_ms_per_step"] = statistics.median(dec[1:]) * 1e3 / args.max_new
+            del eng, state
+            jax.clear_caches()
+        row["ratio"] = row["invariant_tok_s"] / row["default_tok_s"]
+        row["decode_ratio"] = row["default_decode_ms_per_step"] / row["invariant_decode_ms_per_step"]
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+        save(rows)
+        # the kernels alone at this prefill's shapes
+        m, d, e = batch * args.prompt, cfg.hidden_size, cfg.head_dim
+        hq, hkv = cfg.num_attention_heads, cfg.num_key_value_heads
+        for name, (k, n) in {"qkv": (d, (hq + 2 * hkv) * e), "gate_up": (d, 2 * cfg.intermediate_size),
+                             "down": (cfg.intermediate_size, d)}.items():
+            w = jnp.asarray(rng.standard_normal((k, n)) * k**-0.5, jnp.bfloat16)
+            x = jnp.asarray(rng.standard_normal((m, k)), jnp.float32)
+
+            def dflt(c, w=w):
+                return c + 1e-30 * jnp.dot(c.astype(w.dtype), w, preferred_element_type=jnp.float32)[:, :1]
+
+            def invm(c, w=w):
+                return c + 1e-30 * invariant_matmul(c, w)[:, :1]
+
+            t_def, _ = device_time_us(dflt, x + 0, reps=10, trials=3)
+            t_inv, _ = device_time_us(invm, x + 0, reps=10, trials=3)
+            r = dict(part="matmul", weight=name, m=m, k=k, n=n, default_us=t_def, invariant_us=t_inv,
+                     ratio=t_inv / max(t_def, 1e-9))
+            print(json.dumps(r), flush=True)
+            rows.append(r)
+        pages = width // page
+        table = jnp.arange(batch * pages, dtype=jnp.int32).reshape(batch, pages)
+        q = jnp.asarray(rng.standard_normal((batch, args.prompt, hq, e)), jnp.bfloat16)
+        kv = jnp.asarray(rng.standard_normal((batch, args.prompt, hkv, e)), jnp.bfloat16)
+        pool = jnp.zeros((batch * width, hkv, e), jnp.bfloat16)
+        zero = jnp.zeros((batch,), jnp.int32)
+        pos = jnp.broadcast_to(jnp.arange(args.prompt, dtype=jnp.int32), (batch, args.prompt))
+        causal = jnp.broadcast_to(jnp.tril(jnp.ones((args.prompt, args.prompt), bool)), (batch, args.prompt,
+                                                                                          args.prompt))
+        locs = (table[:, :, None] * page + jnp.arange(page, dtype=jnp.int32)).reshape(batch, -1)[:, :args.prompt]
+
+        def dflt_att(c):
+            out = paged_attention(c, kv, kv, pool, pool, table, zero, causal, page_size=page, sm_scale=e**-0.5)
+            return c + (1e-30 * out).astype(c.dtype)
+
+        def inv_att(c):
+            out, _, _ = invariant_attention(c, kv, kv, pool, pool, table, zero, pos, causal, locs, page_size=page,
+                                            sm_scale=e**-0.5)
+            return c + (1e-30 * out).astype(c.dtype)
+
+        t_def, _ = device_time_us(dflt_att, q + 0, reps=10, trials=3)
+        t_inv, _ = device_time_us(inv_att, q + 0, reps=10, trials=3)
+        r = dict(part="attention", batch=batch, prompt=args.prompt, default_us=t_def, invariant_us=t_inv,
+                 ratio=t_inv / max(t_def, 1e-9))
+        print(json.dumps(r), flush=True)
+        rows.append(r)
+        save(rows)
+    return rows
+
+
 def main(argv=None):
     args = _cli.parse_on_device(_parse, argv)
     import jax
 
-    todo = [n for n in ("checks", "timing", "matmul") if getattr(args, n)] or ["checks", "timing", "matmul"]
+    todo = [n for n in ("checks", "timing", "matmul", "prefill") if getattr(args, n)] or ["checks", "timing",
+                                                                                           "matmul"]
     out = dict(device=str(jax.devices()[0].device_kind), jax=jax.__version__, args=vars(args))
 
     def save(name, value):  # after every part and row: a run cut short keeps what it measured
@@ -324,7 +427,7 @@ def main(argv=None):
                 json.dump(out, fh, indent=1)
 
     for name in todo:
-        save(name, dict(checks=checks, timing=timing, matmul=matmul)[name](args, lambda v, n=name: save(n, v)))
+        save(name, dict(checks=checks, timing=timing, matmul=matmul, prefill=prefill)[name](args, lambda v, n=name: save(n, v)))
     return out
 
 

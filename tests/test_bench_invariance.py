@@ -1,5 +1,5 @@
-"""bench/invariance.py at CPU size: the matmul part in this process; the checks and the timing (which run the
-batch-invariant mode, so need the XLA:CPU flag before jax starts) in a process of their own."""
+"""bench/invariance.py at CPU size: the matmul part in this process; the checks, the timing and the prefill part
+(which run the batch-invariant mode, so need the XLA:CPU flag before jax starts) in a process of their own."""
 
 import json
 import os
@@ -25,8 +25,8 @@ def test_matmul_part_times_every_shape(tmp_path):
 def test_checks_and_timing_in_the_invariant_mode(tmp_path):
     path = tmp_path / "inv.json"
     env = dict(os.environ, XLA_FLAGS=CPU_INVARIANT_FLAG, JAX_PLATFORMS="cpu")
-    args = ["--device", "cpu", "--tiny", "--checks", "--layers", "1", "--timing", "--batches", "2",
-            "--configs", "plain,chain", "--context", "24", "--max-new", "4", "--json", str(path)]
+    args = ["--device", "cpu", "--tiny", "--checks", "--layers", "1", "--timing", "--prefill", "--batches", "2",
+            "--configs", "plain,chain", "--context", "24", "--prompt", "20", "--max-new", "4", "--json", str(path)]
     done = subprocess.run([sys.executable, "invariance.py", *args], cwd=BENCH, env=env, capture_output=True,
                           text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -35,3 +35,9 @@ def test_checks_and_timing_in_the_invariant_mode(tmp_path):
         assert got["bitwise"] == got["rows"] > 0, name
     assert [(r["config"], r["batch"]) for r in out["timing"]] == [("plain", 2), ("chain", 2)]
     assert all(r["default_tok_s"] > 0 and r["invariant_tok_s"] > 0 for r in out["timing"])
+    parts = [r["part"] for r in out["prefill"]]
+    assert parts == ["engine", "matmul", "matmul", "matmul", "attention"]
+    engine = out["prefill"][0]
+    assert engine["batch"] == 2 and engine["prompt_tokens"] >= 20
+    assert all(engine[f"{m}_prefill_ms"] > 0 and engine[f"{m}_decode_ms_per_step"] > 0
+               for m in ("default", "invariant"))

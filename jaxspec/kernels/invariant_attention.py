@@ -50,12 +50,21 @@ __all__ = ["KEY_BLOCK", "invariant_attention", "resolve_invariant_attention"]
 
 def _fresh_at(prefix_lens, positions, qmask, fresh_slots):
     """``(slot i32[B, Q, D], has bool[B, Q, D])``: the pool slot of the fresh token query ``i`` sees at depth
-    ``d`` past the prefix (``has``: there is one)."""
-    nq = positions.shape[1]
+    ``d`` past the prefix (``has``: there is one).
+
+    One scatter-add over the ``[B, Q, Q]`` visibility mask (query ``i`` sees fresh token ``j``: it lands at
+    ``j``'s depth), not a ``[B, Q, Q, D]`` comparison: a prefill chunk of ``Q`` = 512 rows would make that
+    ``B * 512**3`` elements per layer. Integer adds are exact in any order, so the scatter's order is free."""
+    b, nq = positions.shape
     depth = positions - prefix_lens[:, None]  # [B, Q]: a fresh token's place after the prefix
-    d = jnp.arange(nq, dtype=jnp.int32)
-    at = qmask[:, :, :, None] & (depth[:, None, :, None] == d[None, None, None, :])  # [B, Qi, Qj, D]
-    return jnp.sum(jnp.where(at, fresh_slots[:, None, :, None], 0), axis=2), jnp.any(at, axis=2)
+    on = qmask & ((depth >= 0) & (depth < nq))[:, None, :]  # [Bi, Qi, Qj]: j visible to i at a depth in range
+    rows = jnp.arange(b, dtype=jnp.int32)[:, None, None]
+    cols = jnp.arange(nq, dtype=jnp.int32)[None, :, None]
+    at = (rows, cols, jnp.broadcast_to(jnp.clip(depth, 0, nq - 1)[:, None, :], (b, nq, nq)))
+    zero = jnp.zeros((b, nq, nq), jnp.int32)
+    slot = zero.at[at].add(jnp.where(on, fresh_slots[:, None, :], 0), mode="drop")
+    count = zero.at[at].add(on.astype(jnp.int32), mode="drop")
+    return slot, count > 0
 
 
 def _key_slots(page_table, prefix_lens, positions, qmask, fresh_slots, page_size, num_slots, width):
