@@ -426,8 +426,9 @@ def main(argv=None):
             with open(args.json, "w") as fh:
                 json.dump(out, fh, indent=1)
 
+    parts = dict(checks=checks, timing=timing, matmul=matmul, prefill=prefill)
     for name in todo:
-        save(name, dict(checks=checks, timing=timing, matmul=matmul, prefill=prefill)[name](args, lambda v, n=name: save(n, v)))
+        save(name, parts[name](args, lambda v, n=name: save(n, v)))
     return out
 
 
