@@ -11,7 +11,8 @@
 # Parts:
 #   gguf0..gguf9  keep part0N under /tmp/parts;  gguf: assemble /tmp/model.gguf from the parts, check its sha256
 #   drafters  bench/train_heads.sh: the self-distilled data, then the EAGLE-3 and MTP heads (resumable: a rerun
-#             continues where a cut-short one stopped; on one H200 the whole recipe needs two calls)
+#             continues where a cut-short one stopped; on one H200 the whole recipe needs two calls; RECIPE=seeded:
+#             the seeded chat recipe, its evaluation check against $REAL_INPUTS/q/question.jsonl)
 #   real      bench/real_model.py (REAL_ARGS: its options; heads: $OUT/heads from drafters, else the shipped ones)
 #   serving   bench/serving.py (SERVING_ARGS: its options; the shipped EAGLE-3 head): $OUT/serving.json, .png
 set -uo pipefail
@@ -41,6 +42,7 @@ for p in "$@"; do case $p in
   drafters) site  # bench/train_heads.sh under per-stage limits; heads and curves come back as heads.tar.NN (the
     # device returns at most 8 files of 16 MiB): cat heads.tar.* | tar -x
     DATA_TIMEOUT=${DATA_TIMEOUT:-170} E3_TIMEOUT=${E3_TIMEOUT:-300} MTP_TIMEOUT=${MTP_TIMEOUT:-150} PY=python3 \
+      QUESTIONS=${QUESTIONS:-$IN/q/question.jsonl} \
       run drafters 590 bash bench/train_heads.sh $GGUF $RUNS
     tar -cf /tmp/heads.tar -C $RUNS e3/eagle3 e3/curves.json e3/curves.png mtp/mtp mtp/curves.json mtp/curves.png \
       && split -b 15000000 -d /tmp/heads.tar "$OUT/heads.tar." && ls -la "$OUT" ;;

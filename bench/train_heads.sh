@@ -6,6 +6,7 @@
 # continues a cut-short one). On one H200: data 92 s, EAGLE-3 2500 steps at ~4.5 steps/s, MTP 1500 steps at
 # ~10.5 steps/s. The heads land in RUNS/e3/eagle3 and RUNS/mtp/mtp; INSTALL=1 copies them over
 # jaxspec/assets/heads/. Per-stage time limits: DATA_TIMEOUT, E3_TIMEOUT, MTP_TIMEOUT (seconds, default none).
+# RECIPE=seeded (with QUESTIONS=question.jsonl): the seeded chat recipe below instead of the shipped heads' one.
 set -euo pipefail
 SRC=$(cd "$(dirname "$0")/.." && pwd)
 PY=${PY:-python3}
@@ -14,15 +15,31 @@ RUNS=${2:-/tmp/runs}
 cd /tmp  # python -m puts the working directory first on sys.path: never the source tree by accident
 T="$PY -m jaxspec.train_draft --target $GGUF --device gpu --seed 0"
 lim() { local t=$1; shift; if [ -n "$t" ]; then timeout "$t" "$@"; else "$@"; fi; }
-# the target's own conversations: 16384 Magpie-style self-synthesized user turns (no external prompt set) and
-# the target's replies, half greedy, half sampled at T=0.7 (train_draft's module docstring)
-lim "${DATA_TIMEOUT:-}" $T --arch eagle3 --out "$RUNS/e3" --stage data --num-prompts 16384 --gen-batch 512 \
-  --prompt-len 64 --response-len 256
-mkdir -p "$RUNS/mtp" && ln -sf "$RUNS/e3/data.npz" "$RUNS/mtp/data.npz"
-lim "${E3_TIMEOUT:-}" $T --arch eagle3 --out "$RUNS/e3" --stage train --steps 2500 --batch 64 --lr 5e-4 \
-  --draft-vocab 8192 --ttt-length 7 --ckpt-every 250
-lim "${MTP_TIMEOUT:-}" $T --arch mtp --out "$RUNS/mtp" --stage train --steps 1500 --batch 32 --lr 5e-4 \
-  --mtp-steps 3 --ckpt-every 250
+if [ "${RECIPE:-magpie}" = seeded ]; then
+  # RECIPE=seeded: chat prompts of eight kinds from jaxspec's topic seeds, continued by the target, rendered through
+  # the chat template users use (its default system turn included) and answered mostly greedily; 16 MiB shards in
+  # RUNS/e3/data/, user turns sharing 8 words with $QUESTIONS (MT-Bench's question.jsonl) dropped
+  # (jaxspec.data.seeded_chat). A 32768-token draft vocabulary, its LM head started from the target's.
+  : "${QUESTIONS:?RECIPE=seeded needs QUESTIONS=path/to/question.jsonl (the evaluation set kept out of the data)}"
+  lim "${DATA_TIMEOUT:-}" $T --arch eagle3 --out "$RUNS/e3" --stage data --recipe seeded \
+    --num-prompts "${NUM_PROMPTS:-65536}" --gen-batch "${GEN_BATCH:-2048}" --prompt-len 160 --response-len 256 \
+    --eval-questions "$QUESTIONS"
+  mkdir -p "$RUNS/mtp" && ln -sfn "$RUNS/e3/data" "$RUNS/mtp/data"
+  lim "${E3_TIMEOUT:-}" $T --arch eagle3 --out "$RUNS/e3" --stage train --recipe seeded --steps "${E3_STEPS:-3000}" \
+    --batch 64 --lr 5e-4 --draft-vocab 32768 --draft-head-init target --ttt-length 7 --ckpt-every 250
+  lim "${MTP_TIMEOUT:-}" $T --arch mtp --out "$RUNS/mtp" --stage train --recipe seeded --steps "${MTP_STEPS:-2000}" \
+    --batch 32 --lr 5e-4 --mtp-steps 3 --ckpt-every 250
+else
+  # the shipped heads' recipe: 16384 Magpie-style self-synthesized user turns (no external prompt set) and the
+  # target's replies, half greedy, half sampled at T=0.7 (train_draft's module docstring)
+  lim "${DATA_TIMEOUT:-}" $T --arch eagle3 --out "$RUNS/e3" --stage data --num-prompts 16384 --gen-batch 512 \
+    --prompt-len 64 --response-len 256
+  mkdir -p "$RUNS/mtp" && ln -sf "$RUNS/e3/data.npz" "$RUNS/mtp/data.npz"
+  lim "${E3_TIMEOUT:-}" $T --arch eagle3 --out "$RUNS/e3" --stage train --steps 2500 --batch 64 --lr 5e-4 \
+    --draft-vocab 8192 --ttt-length 7 --ckpt-every 250
+  lim "${MTP_TIMEOUT:-}" $T --arch mtp --out "$RUNS/mtp" --stage train --steps 1500 --batch 32 --lr 5e-4 \
+    --mtp-steps 3 --ckpt-every 250
+fi
 if [ "${INSTALL:-0}" = 1 ]; then
   H=$SRC/jaxspec/assets/heads/smollm2-135m-instruct
   mkdir -p "$H-eagle3" "$H-mtp"

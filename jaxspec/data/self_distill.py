@@ -13,6 +13,8 @@ import os
 
 import numpy as np
 
+from jaxspec.data.shards import read_shards
+
 _CHATML_USER = "<|im_start|>user\n"
 _CHATML_ASSISTANT = "<|im_end|>\n<|im_start|>assistant\n"
 
@@ -122,16 +124,20 @@ def generate_data(target, out_dir: str, *, num_prompts: int, prompt_len: int, re
 
 
 def load_data(path: str):
-    """Read a ``data.npz`` of ``generate_data``.
+    """Read a ``data.npz`` of ``generate_data`` or a data folder of shards (``jaxspec.data.shards``: the
+    ``seeded`` recipe's, each shard's sha256 checked).
 
     Args:
-        path: the file.
+        path: the file or the folder.
 
     Returns:
         ``(tokens i32[N, T], lens i32[N], resp_start i32[N])``.
     """
+    if os.path.isdir(path):
+        d = read_shards(path)
+        return d["tokens"], d["lens"], d["resp_start"]
     with np.load(path) as d:
-        return d["tokens"].copy(), d["lens"].copy(), d["resp_start"].copy()
+        return d["tokens"].astype(np.int32), d["lens"].copy(), d["resp_start"].copy()
 
 
 def response_mask(tokens, lens, resp_start):
