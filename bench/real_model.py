@@ -21,9 +21,12 @@ it is measured, so a run cut short keeps what it measured):
   invariant mode also decodes the first 32 requests alone and all of them through the serving core, each
   compared with its reply in the all-prompts batch.
 * ``hf``: transformers (the same GGUF via ``from_pretrained(dir, gguf_file=...)``, bf16, CUDA), equal work as in
-  ``plain``: ``generate(do_sample=False)`` eager (dynamic cache), ``compile`` (its fastest documented path: static
-  cache, forward under ``torch.compile(mode="reduce-overhead", fullgraph=True)``, one warm-up call per batch size),
-  and ``pld`` (prompt-lookup decoding, ``prompt_lookup_num_tokens=10``, batch 1). Batches left-padded.
+  ``plain``: ``generate(do_sample=False)`` per path of ``--hf``, run in the order ``eager`` (dynamic cache),
+  ``pld`` (prompt-lookup decoding, ``prompt_lookup_num_tokens=10``, batch 1) and ``compile`` (its documented
+  static-cache path: ``generate(cache_implementation="static", compile_config=CompileConfig())``, which compiles
+  the decode step itself under ``torch.compile(mode="reduce-overhead")``; one warm-up call per prompt group), each
+  from the model as loaded; a path that fails gives a row with ``error`` and the others still run. Batches
+  left-padded.
 
 jaxspec: ``load_model(--model, param_dtype=bf16, kv_dtype=bf16)``; each ``generate`` is one XLA ``while_loop``
 (prefill included in the time); per engine and batch size the first call compiles, then the median of
@@ -70,7 +73,8 @@ def _parse(argv):
     ap.add_argument("--accept-batch", type=int, default=None,
                     help="spec part: acceptance over all prompts in batches of this many (default: one batch)")
     ap.add_argument("--repeats", type=int, default=3, help="timed calls per row (median)")
-    ap.add_argument("--hf", default="eager,compile,pld", help="hf part: comma list of eager, compile, pld")
+    ap.add_argument("--hf", default="eager,pld,compile",
+                    help="hf part: comma list of eager, pld, compile (run in that order)")
     ap.add_argument("--hf-prompts-b1", type=int, default=2, help="hf part: prompts timed one by one at batch 1")
     ap.add_argument("--page-size", type=int, default=16, help="jaxspec's KV page size")
     ap.add_argument("--device", choices=["cpu", "gpu"], default="gpu", help="JAX platform")
@@ -293,7 +297,74 @@ def _invariance_rows(run, plain, prompts, ref_tokens, args, eos_id):
 
 
 # ------------------------------------------------------------------------------------------------ transformers
+# the hf part's paths in the order they run: compile last, as a failed CUDA graph can leave the device unusable for
+# whatever runs after it
+HF_PATHS = ("eager", "pld", "compile")
+
+
+def hf_paths(spec: str) -> list:
+    """The paths of ``--hf`` (a comma list) in the order they run (``HF_PATHS``), unknown names refused."""
+    got = [p for p in spec.split(",") if p]
+    bad = [p for p in got if p not in HF_PATHS]
+    if bad:
+        raise SystemExit(f"--hf: unknown {bad}; expected some of {list(HF_PATHS)}")
+    return [p for p in HF_PATHS if p in got]
+
+
+# what a path can leave on the model: a forward replaced by hand, generate's own compiled forward (and the config it
+# was compiled with), the static cache length it keeps to avoid recompiling
+_HF_STATE = ("forward", "_compiled_call", "_last_compile_config", "_previous_max_cache_length")
+
+
+def reset_hf_model(model, generation_config) -> None:
+    """``model`` as loaded: what a path may have left on it removed, ``generation_config`` (a copy) restored, and
+    torch.compile's caches cleared, so no compiled forward or cache setting passes from one path to the next."""
+    import copy
+
+    import torch
+
+    for name in _HF_STATE:
+        model.__dict__.pop(name, None)
+    model.generation_config = copy.deepcopy(generation_config)
+    torch._dynamo.reset()
+
+
+def _hf_path_kwargs(path: str, device: str) -> dict:
+    """``generate`` keywords of one path, passed per call (the model itself is not changed)."""
+    if path == "eager":
+        return dict(disable_compile=True)
+    if path == "pld":
+        return dict(disable_compile=True, prompt_lookup_num_tokens=10)
+    from transformers import CompileConfig
+
+    config = CompileConfig()  # transformers' defaults: inductor, mode="reduce-overhead" (CUDA graphs)
+    if device != "cuda":  # generate compiles by itself on accelerators only; this is its switch for other devices
+        config._compile_all_devices = True
+    return dict(cache_implementation="static", compile_config=config)
+
+
 def part_hf(run, prompts, batches, args, ours):
+    """transformers' greedy ``generate`` on the prompts, one row per path (``--hf``) and batch size.
+
+    Paths, each from the model as loaded (``reset_hf_model`` before it), in the order ``eager``, ``pld``,
+    ``compile``; a path that raises gives a row with ``error`` (and the next ones still run):
+
+    * ``eager``: the default dynamic cache, no compilation.
+    * ``pld``: prompt-lookup decoding (``prompt_lookup_num_tokens=10``), batch 1 only.
+    * ``compile``: ``generate(cache_implementation="static", compile_config=CompileConfig())``, transformers'
+      documented automatic compilation (``CompileConfig``'s docstring: "Automatic compile configuration, used with
+      static cache"; ``GenerationConfig.compile_config`` and ``disable_compile``): with a compileable cache
+      ``generate`` compiles the one-token decode step itself (``CompileConfig``'s defaults: inductor,
+      ``mode="reduce-overhead"``, i.e. CUDA graphs), runs the prefill uncompiled, and copies the logits out of each
+      step before the next one replays the graph. The hand-made recipe of the "Optimizing inference" guide,
+      ``model.forward = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)``, puts the prefill
+      (other shapes) under CUDA graphs as well, inside generate's own compile of the same forward, and on an H200
+      failed with "accessing tensor output of CUDAGraphs that has been overwritten by a subsequent run". One
+      warm-up call per prompt group (it compiles and records the graphs) before the timed one; the row's
+      ``compiled`` says whether generate did compile.
+    """
+    import copy
+
     import torch
     import transformers
 
@@ -303,6 +374,7 @@ def part_hf(run, prompts, batches, args, ours):
     model = transformers.AutoModelForCausalLM.from_pretrained(d if kw else path, dtype=torch.bfloat16, **kw)
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     model = model.to(dev).eval()
+    loaded_config = copy.deepcopy(model.generation_config)
     sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)
     pad = 0
     n_new = args.fixed_tokens
@@ -314,37 +386,52 @@ def part_hf(run, prompts, batches, args, ours):
         mask = torch.tensor([[0] * (n - len(p)) + [1] * len(p) for p in batch], device=dev)
         return dict(input_ids=ids, attention_mask=mask)
 
-    def timed(batch, extra, warm):
-        x = inputs(batch)
-        with torch.inference_mode():
-            if warm:
-                model.generate(**x, **gen, **extra)
-                sync()
-            t0 = time.perf_counter()
-            out = model.generate(**x, **gen, **extra)
-            sync()
-            return time.perf_counter() - t0, (out.shape[1] - x["input_ids"].shape[1]) * len(batch)
+    def call(x, extra, compiled):
+        if compiled:  # a new step of CUDA graphs: nothing of the previous call is read again
+            torch.compiler.cudagraph_mark_step_begin()
+        return model.generate(**x, **gen, **extra)
 
-    for p in [x for x in args.hf.split(",") if x]:
-        if p == "compile":
-            model.generation_config.cache_implementation = "static"
-            model.forward = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
+    def timed(batch, extra, compiled):
+        """Seconds and generated tokens of one ``generate`` (after a warm-up call when ``compiled``)."""
+        x = inputs(batch)
+        if compiled:
+            call(x, extra, compiled)
+            sync()
+        t0 = time.perf_counter()
+        out = call(x, extra, compiled)
+        sync()
+        return time.perf_counter() - t0, (out.shape[1] - x["input_ids"].shape[1]) * len(batch)
+
+    rows = []
+    for p in hf_paths(args.hf):
+        reset_hf_model(model, loaded_config)
+        extra = _hf_path_kwargs(p, dev)
         for b in [1] if p == "pld" else batches:
             if not run.time_left():
-                return
-            extra = dict(prompt_lookup_num_tokens=10) if p == "pld" else {}
+                reset_hf_model(model, loaded_config)
+                return rows
             groups = [[q] for q in prompts[: args.hf_prompts_b1]] if b == 1 else [prompts[:b]]
-            s = n = 0
-            for g in groups:
-                si, ni = timed(g, extra, warm=(p == "compile"))
-                s, n = s + si, n + ni
-            row = dict(part="hf", engine="transformers", path=p, batch=b, tokens=n, seconds=s, tok_s=n / s,
-                       prompts=len(groups) * len(groups[0]))
+            row = dict(part="hf", engine="transformers", path=p, batch=b, prompts=len(groups) * len(groups[0]))
+            try:
+                s = n = 0
+                for g in groups:
+                    si, ni = timed(g, extra, compiled=(p == "compile"))
+                    s, n = s + si, n + ni
+            except Exception as e:  # one path's failure is a row, not the end of the part
+                row["error"] = f"{type(e).__name__}: {e}"[:2000]
+                rows.append(run.add(**row))
+                print(f"transformers {p:<7s} b={b:<3d} failed: {row['error'][:500]}", flush=True)
+                continue
+            row.update(tokens=n, seconds=s, tok_s=n / s)
+            if p == "compile":
+                row["compiled"] = hasattr(model, "_compiled_call")
             if b in ours:
                 row["jaxspec_plain_over_this"] = ours[b]["tok_s"] / row["tok_s"]
-            run.add(**row)
+            rows.append(run.add(**row))
             print(f"transformers {p:<7s} b={b:<3d} {n / s:10.1f} tok/s"
                   + (f"  (jaxspec plain {row['jaxspec_plain_over_this']:.1f}x)" if b in ours else ""), flush=True)
+    reset_hf_model(model, loaded_config)
+    return rows
 
 
 def plot(doc, path):
@@ -383,6 +470,8 @@ def main(argv=None) -> int:
                                                                     if c not in CONFIGS]
     if bad:
         raise SystemExit(f"--parts/--configs: unknown {bad}")
+    if "hf" in parts:
+        hf_paths(args.hf)  # refuses unknown paths before anything runs
     batches = [int(x) for x in args.batches.split(",") if x]  # none: the spec part measures acceptance only
     tok, prompts = prompt_ids(args.model, args.questions)
     if len(prompts) < max(batches, default=0):
