@@ -1,14 +1,13 @@
 """Topic seeds for self-synthesized chat prompts: the opening words of a user turn, in the kinds of request a
-chat model is asked, for the target to continue into a whole request (``jaxspec.data.self_distill``'s
-``seeded`` recipe).
+chat model is asked, for the target to continue into a whole request (``jaxspec.data.seeded_chat``).
 
 Eight kinds (``CATEGORIES``): writing, roleplay, reasoning, math, coding, extraction, STEM and humanities. Each
 holds groups of request stems (``{t}``: where a topic goes) and topics that read right together; a seed is one
-stem with one topic of its group, drawn by ``seed_text(seed, i)`` (1,218 distinct openings). A stem that ends in a colon or an open phrase asks the target to write the rest (the
-passage to summarize, the details of the scene), so prompts vary in length as well as in kind. Every stem and
-topic was written for jaxspec; none is taken from MT-Bench, HumanEval or GSM8K (``eval_overlap`` checks the
-generated prompts against an evaluation set's questions). Licence: the project's.
-"""
+stem with one topic of its group, drawn by ``seed_text(seed, i)`` (1,218 distinct openings). A stem that ends in
+a colon or an open phrase asks the target to write the rest (the passage to summarize, the details of the
+scene), so prompts vary in length as well as in kind. Every stem and topic was written for jaxspec; none is
+taken from MT-Bench, HumanEval or GSM8K (``eval_overlap`` checks the generated prompts against an evaluation
+set's questions). Licence: the project's."""
 
 import re
 
