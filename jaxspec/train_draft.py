@@ -54,8 +54,9 @@ starts the EAGLE-3 LM head from the target's LM-head rows of the draft vocabular
 Both: AdamW, warmup + cosine decay, gradient clip 0.5; a fixed seed (the batch of step ``i`` is drawn from
 ``default_rng([seed, i])``, so a resumed run sees the batches of an uninterrupted one); a tqdm bar;
 ``DIR/curves.json`` (+ ``curves.png`` when matplotlib is installed); a resumable training checkpoint in
-``DIR/train_state/`` (``params.safetensors`` + ``opt_state.msgpack`` by ``flax.serialization`` +
-``state.json``) every ``--ckpt-every`` steps.
+``DIR/train_state/`` every ``--ckpt-every`` steps: the parameters and the optimizer state in files of at most
+16 MiB (``jaxspec.pieces``) and ``state.json``, so a run stops after any checkpoint and continues on another
+machine.
 """
 
 import argparse
@@ -86,38 +87,56 @@ def _flat(params) -> dict:
 
 
 def save_train_state(path: str, params: dict, opt_state, step: int, history: dict, extra: dict | None = None) -> None:
-    """``params`` (flat ``{name: array}``), the optimizer state and the step, written so a crash leaves the
-    previous state readable (``state.json`` is replaced last)."""
-    from flax import serialization
-    from safetensors.flax import save_file
+    """``params`` (flat ``{name: array}``), the optimizer state and the step, in files of at most 16 MiB
+    (``jaxspec.pieces``: ``path/step-N/params`` and ``path/step-N/opt``), written so a crash leaves the previous
+    state readable: ``state.json``, which names the step folder, is replaced last, then older folders go."""
+    import shutil
+
+    import jax
+
+    from jaxspec.pieces import save_arrays
 
     os.makedirs(path, exist_ok=True)
-    save_file({k: np.asarray(v) for k, v in params.items()} | (extra or {}),
-              os.path.join(path, "params.safetensors.tmp"))
-    with open(os.path.join(path, "opt_state.msgpack.tmp"), "wb") as f:
-        f.write(serialization.to_bytes(opt_state))
+    folder = f"step-{step}"
+    save_arrays(os.path.join(path, folder, "params"),
+                {k: np.asarray(v) for k, v in params.items()} | dict(extra or {}))
+    leaves = jax.tree_util.tree_leaves_with_path(opt_state)
+    save_arrays(os.path.join(path, folder, "opt"), {jax.tree_util.keystr(k): np.asarray(v) for k, v in leaves})
     with open(os.path.join(path, "state.json.tmp"), "w") as f:
-        json.dump({"step": step, "history": history}, f)
-    for n in ("params.safetensors", "opt_state.msgpack", "state.json"):  # state.json last: it marks completeness
-        os.replace(os.path.join(path, n + ".tmp"), os.path.join(path, n))
+        json.dump({"step": step, "folder": folder, "history": history}, f)
+    os.replace(os.path.join(path, "state.json.tmp"), os.path.join(path, "state.json"))
+    for old in os.listdir(path):
+        if old.startswith("step-") and old != folder:
+            shutil.rmtree(os.path.join(path, old), ignore_errors=True)
 
 
 def load_train_state(path: str, params: dict, opt_state):
     """``(params, opt_state, step, history)`` of ``save_train_state``'s ``path``; ``params`` / ``opt_state``: the
-    templates (names, shapes, dtypes)."""
+    templates (names, shapes, dtypes); ``ValueError`` naming what is missing or differs."""
+    import jax
     import jax.numpy as jnp
-    from flax import serialization
-    from safetensors.numpy import load_file
 
-    arrays = load_file(os.path.join(path, "params.safetensors"))
+    from jaxspec.pieces import load_arrays
+
+    with open(os.path.join(path, "state.json")) as f:
+        st = json.load(f)
+    folder = os.path.join(path, st["folder"])
+    arrays = load_arrays(os.path.join(folder, "params"))
     missing = sorted(set(params) - set(arrays))
     if missing:
         raise ValueError(f"{path}: train state lacks parameters {missing}")
     params = {k: jnp.asarray(arrays[k]).astype(v.dtype) for k, v in params.items()}
-    with open(os.path.join(path, "opt_state.msgpack"), "rb") as f:
-        opt_state = serialization.from_bytes(opt_state, f.read())
-    with open(os.path.join(path, "state.json")) as f:
-        st = json.load(f)
+    saved = load_arrays(os.path.join(folder, "opt"))
+    leaves, treedef = jax.tree_util.tree_flatten_with_path(opt_state)
+    names = [jax.tree_util.keystr(k) for k, _ in leaves]
+    if sorted(names) != sorted(saved):
+        raise ValueError(f"{path}: the optimizer state's leaves differ from this run's (saved {len(saved)}, "
+                         f"expected {len(names)}): another optimizer or head")
+    for n, (_, v) in zip(names, leaves):
+        if saved[n].shape != np.shape(v):
+            raise ValueError(f"{path}: optimizer leaf {n} has shape {saved[n].shape}, expected {np.shape(v)}")
+    opt_state = jax.tree_util.tree_unflatten(treedef, [jnp.asarray(saved[n]).astype(jnp.asarray(v).dtype)
+                                                        for n, (_, v) in zip(names, leaves)])
     return params, opt_state, st["step"], st["history"]
 
 
