@@ -24,11 +24,16 @@ if [ "${RECIPE:-magpie}" = seeded ]; then
   lim "${DATA_TIMEOUT:-}" $T --arch eagle3 --out "$RUNS/e3" --stage data --recipe seeded \
     --num-prompts "${NUM_PROMPTS:-65536}" --gen-batch "${GEN_BATCH:-2048}" --prompt-len 160 --response-len 256 \
     --eval-questions "$QUESTIONS"
+  # the dev set the checkpoints are chosen by: 512 greedy conversations of another seed (held out of training)
+  lim "${DATA_TIMEOUT:-}" $PY -m jaxspec.train_draft --target "$GGUF" --device gpu --seed 1 --arch eagle3 \
+    --out "$RUNS/dev" --stage data --recipe seeded --num-prompts 512 --gen-batch 512 --prompt-len 160 \
+    --response-len 256 --greedy-fraction 1 --eval-questions "$QUESTIONS"
   mkdir -p "$RUNS/mtp" && ln -sfn "$RUNS/e3/data" "$RUNS/mtp/data"
+  DEV="--dev-data $RUNS/dev/data --eval-every 250 --eval-steps 3"
   lim "${E3_TIMEOUT:-}" $T --arch eagle3 --out "$RUNS/e3" --stage train --recipe seeded --steps "${E3_STEPS:-3000}" \
-    --batch 64 --lr 5e-4 --draft-vocab 32768 --draft-head-init target --ttt-length 7 --ckpt-every 250
+    --batch 64 --lr 5e-4 --draft-vocab 32768 --draft-head-init target --ttt-length 7 --ckpt-every 250 $DEV
   lim "${MTP_TIMEOUT:-}" $T --arch mtp --out "$RUNS/mtp" --stage train --recipe seeded --steps "${MTP_STEPS:-2000}" \
-    --batch 32 --lr 5e-4 --mtp-steps 3 --ckpt-every 250
+    --batch 32 --lr 5e-4 --mtp-steps 3 --ckpt-every 250 $DEV
 else
   # the shipped heads' recipe: 16384 Magpie-style self-synthesized user turns (no external prompt set) and the
   # target's replies, half greedy, half sampled at T=0.7 (train_draft's module docstring)

@@ -149,10 +149,15 @@ def _batch(tokens, mask, batch: int, seed: int, step: int):
 def train(target, tokens, mask, *, arch: str, out_dir: str, steps: int, batch: int, lr: float,
           draft_vocab: int = 8192, ttt_length: int = 7, mtp_steps: int = 3, aux_layer_ids=None,
           draft_head_init: str = "random", seed: int = 0, ckpt_every: int = 200, log_every: int = 10,
-          param_dtype=None, log=print):
+          param_dtype=None, dev=None, eval_every: int = 250, eval_steps: int = 3, eval_batch: int = 32, log=print):
     """The training stage; returns ``(head, history)``: an ``EAGLE3Model`` or an ``MTPModel`` (the target with
     the trained layer). Resumes from ``out_dir/train_state`` when it holds a state. ``draft_head_init``
-    (EAGLE-3): ``"random"``, or ``"target"`` for the target's LM-head columns of the draft vocabulary."""
+    (EAGLE-3): ``"random"``, or ``"target"`` for the target's LM-head columns of the draft vocabulary.
+
+    ``dev``: ``(tokens, lens, resp_start)`` of greedy conversations held out of training: every ``eval_every``
+    steps (and at the end) the chain of ``eval_steps`` drafts is replayed over them (``jaxspec.models.replay``,
+    ``eval_batch`` rows per forward) into ``history["replay"]`` (``[step, accept length]`` pairs), and the head
+    returned is the checkpoint with the longest accept length (kept in ``train_state/best``), not the last."""
     import jax.numpy as jnp
     from flax import nnx
     from tqdm import tqdm
@@ -180,10 +185,27 @@ def train(target, tokens, mask, *, arch: str, out_dir: str, steps: int, batch: i
     ds = distill_step(target, head, arch, steps=steps, lr=lr, ttt_length=ttt_length, mtp_steps=mtp_steps)
     master, opt_state = ds.master, ds.opt_state
     state_dir = os.path.join(out_dir, "train_state")
-    start, history = 0, {"step": [], "loss": [], "accept": [], "seconds": []}
+    start, history = 0, {"step": [], "loss": [], "accept": [], "seconds": [], "replay": [], "best": None}
     if os.path.exists(os.path.join(state_dir, "state.json")):
         master, opt_state, start, history = load_train_state(state_dir, master, opt_state)
+        history.setdefault("replay", [])
+        history.setdefault("best", None)
         log(f"train: resuming at step {start}")
+    best_dir = os.path.join(state_dir, "best")
+
+    def evaluate(done):
+        from jaxspec.models.replay import replay_accept_length
+        from jaxspec.pieces import save_arrays
+
+        res = replay_accept_length(lambda toks: ds.predict(master, ds.frozen, jnp.asarray(toks), eval_steps), *dev,
+                                   batch=eval_batch)
+        history["replay"].append([done, res["accept_length"]])
+        if history["best"] is None or res["accept_length"] > history["best"]["accept_length"]:
+            save_arrays(best_dir, {k: np.asarray(v) for k, v in master.items()})
+            history["best"] = dict(step=done, accept_length=res["accept_length"])
+        log(f"train: step {done}: replayed accept length {res['accept_length']:.3f} (chain of {eval_steps}; best "
+            f"{history['best']['accept_length']:.3f} at step {history['best']['step']})")
+
     t0 = time.time()
     bar = tqdm(range(start, steps), desc=f"train {arch}", initial=start, total=steps, mininterval=2.0)
     for i in bar:
@@ -197,8 +219,15 @@ def train(target, tokens, mask, *, arch: str, out_dir: str, steps: int, batch: i
             history["accept"].append(ac)
             history["seconds"].append(time.time() - t0)
             bar.set_postfix(loss=f"{lo[0]:.3f}", acc=" ".join(f"{a:.2f}" for a in ac))
+        if dev is not None and (done % eval_every == 0 or done == steps):
+            evaluate(done)
         if done % ckpt_every == 0 or done == steps:
             save_train_state(state_dir, master, opt_state, done, history)
+    if dev is not None and history["best"] is not None:
+        from jaxspec.pieces import load_arrays
+
+        best = load_arrays(best_dir)
+        master = {k: jnp.asarray(best[k]).astype(v.dtype) for k, v in master.items()}
     return ds.head(master), history
 
 
@@ -214,7 +243,9 @@ def write_curves(out_dir: str, history: dict, arch: str) -> None:
         return
     if not history["step"]:
         return
-    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
+    replay = history.get("replay") or []
+    fig, axes = plt.subplots(1, 3 if replay else 2, figsize=(15 if replay else 10, 4))
+    a, b = axes[0], axes[1]
     loss, acc = np.asarray(history["loss"]), np.asarray(history["accept"])
     for k in range(loss.shape[1]):
         a.plot(history["step"], loss[:, k], label=f"step {k}")
@@ -222,6 +253,10 @@ def write_curves(out_dir: str, history: dict, arch: str) -> None:
     a.set(xlabel="optimizer step", ylabel="loss", title=f"{arch}: loss per draft step")
     b.set(xlabel="optimizer step", ylabel="top-1 agreement", title="accept rate per draft step", ylim=(0, 1))
     b.legend(fontsize=7)
+    if replay:
+        r = np.asarray(replay)
+        axes[2].plot(r[:, 0], r[:, 1], marker="o")
+        axes[2].set(xlabel="optimizer step", ylabel="tokens per round", title="replayed accept length (dev set)")
     fig.tight_layout()
     fig.savefig(os.path.join(out_dir, "curves.png"), dpi=100)
     plt.close(fig)
@@ -304,6 +339,13 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--mtp-steps", type=int, default=3, help="MTP draft steps the one MTP layer is trained over")
     ap.add_argument("--aux-layer-ids", help="EAGLE-3 ids (layer outputs, SGLang's convention); default SGLang's")
     ap.add_argument("--ckpt-every", type=int, default=200, help="steps between training checkpoints")
+    ap.add_argument("--dev-data", metavar="PATH",
+                    help="greedy conversations held out of training (a data.npz or a seeded data folder, e.g. "
+                         "--stage data --recipe seeded --greedy-fraction 1 --seed 1): the replayed accept length "
+                         "every --eval-every steps, and the head saved is the best checkpoint by it")
+    ap.add_argument("--eval-every", type=int, default=250, help="steps between replays of --dev-data")
+    ap.add_argument("--eval-steps", type=int, default=3, help="the replayed chain's draft steps")
+    ap.add_argument("--eval-rows", type=int, default=512, help="--dev-data conversations replayed (the first N)")
     ap.add_argument("--log-every", type=int, default=10, help="steps between logged losses and accept rates")
     ap.add_argument("--seed", type=int, default=0, help="data and training seed")
     return ap
@@ -369,8 +411,10 @@ def main(argv=None):
         head, history = train(target, tokens, mask, arch=args.arch, out_dir=args.out, steps=args.steps,
                               batch=args.batch, lr=args.lr, draft_vocab=args.draft_vocab, ttt_length=args.ttt_length,
                               mtp_steps=args.mtp_steps, aux_layer_ids=aux_ids, draft_head_init=args.draft_head_init,
-                              seed=args.seed,
-                              ckpt_every=args.ckpt_every, log_every=args.log_every)
+                              seed=args.seed, ckpt_every=args.ckpt_every, log_every=args.log_every,
+                              dev=None if args.dev_data is None else tuple(a[:args.eval_rows]
+                                                                          for a in load_data(args.dev_data)),
+                              eval_every=args.eval_every, eval_steps=args.eval_steps)
         write_curves(args.out, history, args.arch)
         if args.arch == "eagle3":
             save_eagle3(head, os.path.join(args.out, "eagle3"))

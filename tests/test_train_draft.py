@@ -91,6 +91,20 @@ def test_eagle3_training_lowers_the_loss_and_the_head_accepts_drafts_losslessly(
         for a, b in zip(res.tokens, plain.tokens):
             np.testing.assert_array_equal(a, b)
         assert res.mean_accept_length > 1.5, (spec, res.mean_accept_length)
+    # the replayed accept length (one teacher-forced forward over the greedy replies) is the engine's
+    from jaxspec.models.distill_step import distill_step
+    from jaxspec.models.replay import replay_accept_length
+
+    chain = Engine(target, EAGLE3Drafter(head, target), spec=SpecConfig(3, 1, 4), **kw).generate(prompts, 24)
+    seqs = [np.concatenate([p, np.asarray(r)]) for p, r in zip(prompts, plain.tokens)]
+    width = max(len(x) for x in seqs)
+    rows = np.stack([np.pad(x, (0, width - len(x))) for x in seqs]).astype(np.int32)
+    ds = distill_step(target, head, "eagle3", steps=1, lr=1e-3, ttt_length=3)
+    got = replay_accept_length(lambda t: ds.predict(ds.master, ds.frozen, jnp.asarray(t), 3), rows,
+                               np.asarray([len(x) for x in seqs]), np.asarray([len(p) for p in prompts]), batch=2)
+    assert got["tokens"] == 3 * 23  # every reply token after the prefill's, once
+    assert got["row_rounds"] == np.asarray(chain.num_rounds).tolist(), (got, chain.num_rounds)  # round for round
+    assert abs(got["accept_length"] - chain.mean_accept_length) < 0.1, (got, chain.mean_accept_length)
 
 
 def test_mtp_training_lowers_the_loss_and_drives_the_engine(data_dir, target_dir, tmp_path):
@@ -136,3 +150,27 @@ def test_chatml_ids_of_smollm2():
 
     path = str(fetch_model("smollm2-135m-instruct", quiet=True))
     assert chatml_ids(path) == ([1, 4093, 198], [2, 198, 1, 520, 9531, 198], 2)
+
+
+def test_dev_replay_picks_the_checkpoint_with_the_longest_accept_length(data_dir, target_dir, tmp_path):
+    from jaxspec.models.distill_step import distill_step
+    from jaxspec.models.replay import replay_accept_length
+
+    tokens, lens, rs = self_distill.load_data(os.path.join(data_dir, "data.npz"))
+    mask = self_distill.response_mask(tokens, lens, rs)
+    dev = tuple(a[[0, 1, 2, 3, 8, 9]] for a in (tokens, lens, rs))  # the greedy rows of two generation batches
+    target = load_model(target_dir, aux_layers=aux_layers_from_ids(IDS, 3))
+    logs = []
+    head, hist = td.train(target, tokens, mask, arch="eagle3", out_dir=str(tmp_path), steps=30, batch=8, lr=3e-3,
+                          draft_vocab=48, ttt_length=3, aux_layer_ids=IDS, seed=2, log_every=10, ckpt_every=15,
+                          dev=dev, eval_every=10, eval_steps=3, eval_batch=4, log=logs.append)
+    steps = [s for s, _ in hist["replay"]]
+    assert steps == [10, 20, 30]
+    best = max(hist["replay"], key=lambda r: r[1])
+    assert hist["best"] == dict(step=best[0], accept_length=best[1])
+    assert any("replayed accept length" in m for m in logs)
+    ds = distill_step(target, head, "eagle3", steps=1, lr=1e-3, ttt_length=3)  # the returned head's own weights
+    again = replay_accept_length(lambda t: ds.predict(ds.master, ds.frozen, jnp.asarray(t), 3), *dev, batch=4)
+    assert again["accept_length"] == pytest.approx(best[1], abs=1e-9)
+    with open(tmp_path / "train_state" / "state.json") as f:
+        assert json.load(f)["history"]["best"] == hist["best"]

@@ -11,7 +11,9 @@ parameters (a flat ``{name: array}`` dict, serializable), the AdamW state (gradi
 3. ``update(master, opt_state, grads)``: the optimizer.
 
 ``step`` is the three in one jitted function (what training runs); ``bench/train_profile.py`` times them apart.
-``head(master)`` is the head module with the master weights cast to its parameter dtype.
+``head(master)`` is the head module with the master weights cast to its parameter dtype; ``predict(master, frozen,
+tokens, k)`` (jitted, ``k`` static) its predicted token ``i32[B, k, T]`` per draft step and row in the
+teacher-forced forward (what ``jaxspec.models.replay`` scores a checkpoint by).
 """
 
 import dataclasses
@@ -33,6 +35,7 @@ class DistillStep:
     update: Callable
     step: Callable
     head: Callable
+    predict: Callable
 
 
 def _schedule(lr: float, steps: int):
@@ -71,7 +74,8 @@ def distill_step(target, head, arch: str, *, steps: int, lr: float, ttt_length: 
     import optax
     from flax import nnx
 
-    from jaxspec.models.distill import eagle3_student_losses, eagle3_teacher, mtp_student_losses, mtp_teacher
+    from jaxspec.models.distill import (eagle3_step_logits, eagle3_student_losses, eagle3_teacher, mtp_step_logits,
+                                        mtp_student_losses, mtp_teacher)
 
     if arch == "eagle3":
         graphdef, params, rest = nnx.split(head, nnx.Param, ...)
@@ -84,6 +88,10 @@ def distill_step(target, head, arch: str, *, steps: int, lr: float, ttt_length: 
         def losses_of(h, frozen, teach, toks, msk):
             embed = nnx.merge(tgd, frozen[1]).embed_tokens[...]
             return eagle3_student_losses(h, embed, teach, toks, msk, ttt_length)
+
+        def predict_of(h, frozen, toks, k):
+            _, logits = eagle3_step_logits(h, nnx.merge(tgd, frozen[1]), toks, k)
+            return jnp.stack([h.token_ids[...][jnp.argmax(lg, -1)] for lg in logits], axis=1)
     elif arch == "mtp":
         graphdef, params, rest = nnx.split(head, nnx.All(nnx.Param, nnx.PathContains("mtp_layers")), ...)
         tstate = None
@@ -94,6 +102,10 @@ def distill_step(target, head, arch: str, *, steps: int, lr: float, ttt_length: 
 
         def losses_of(h, frozen, teach, toks, msk):
             return mtp_student_losses(h, teach, toks, msk, mtp_steps)
+
+        def predict_of(h, frozen, toks, k):
+            _, logits = mtp_step_logits(h, toks, k)
+            return jnp.stack([jnp.argmax(lg, -1).astype(jnp.int32) for lg in logits], axis=1)
     else:
         raise ValueError(f"arch: expected 'eagle3' or 'mtp', got {arch!r}")
     weights = jnp.asarray([0.8**k for k in range(n_steps)], jnp.float32)
@@ -125,6 +137,9 @@ def distill_step(target, head, arch: str, *, steps: int, lr: float, ttt_length: 
             updates, opt_state = opt.update(grads, opt_state, m)
         return optax.apply_updates(m, updates), opt_state
 
+    def predict(m, frozen, toks, k):
+        return predict_of(module(m, frozen), frozen, toks, k)
+
     def step(m, opt_state, frozen, toks, msk):
         grads, losses, accs = student(m, frozen, teacher(m, frozen, toks), toks, msk)
         m, opt_state = update(m, opt_state, grads)
@@ -132,4 +147,4 @@ def distill_step(target, head, arch: str, *, steps: int, lr: float, ttt_length: 
 
     return DistillStep(master=master, opt_state=opt.init(master), frozen=frozen, teacher=jax.jit(teacher),
                        student=jax.jit(student), update=jax.jit(update), step=jax.jit(step),
-                       head=lambda m: module(m, frozen))
+                       head=lambda m: module(m, frozen), predict=jax.jit(predict, static_argnums=3))
