@@ -94,14 +94,17 @@ B, W, G, HQ, HKV, E = 3, 160, 4, 6, 2, 32
 P, N = 77, 6  # a prefix over several key blocks, then N fresh tokens
 
 
-def _pools(rng, dtype, r2t):
+LONG = (400, 300)  # (W, P): a prefix over two of the Triton kernel's KEY_SPLIT ranges
+
+
+def _pools(rng, dtype, r2t, w=W, p=P):
     """Two-layer pools, NaN in every slot no request's prefix uses (written slots included: the call writes
     them first), so a read outside a query's keys would show."""
-    x = B * W + G
+    x = B * w + G
     k = rng.standard_normal((2, x, HKV, E))
     v = rng.standard_normal((2, x, HKV, E))
     used = np.zeros(x, bool)
-    used[np.asarray(r2t)[:, :P].reshape(-1)] = True
+    used[np.asarray(r2t)[:, :p].reshape(-1)] = True
     k[:, ~used], v[:, ~used] = np.nan, np.nan
     return jnp.asarray(k, dtype), jnp.asarray(v, dtype)
 
@@ -118,13 +121,14 @@ def _attend(impl, interpret, q, k, v, kp, vp, meta):
 
 @pytest.mark.parametrize("impl,interpret", IMPLS)
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
-def test_invariant_attention_matches_paged_attention(impl, interpret, dtype):
-    rng = np.random.default_rng([3, dtype == jnp.float32])
-    r2t = jnp.asarray(make_req_to_token(B, W, G, seed=1))
-    kp, vp = _pools(rng, dtype, r2t)
+@pytest.mark.parametrize("w,p", [(W, P), LONG])
+def test_invariant_attention_matches_paged_attention(impl, interpret, dtype, w, p):
+    rng = np.random.default_rng([3, dtype == jnp.float32, p])
+    r2t = jnp.asarray(make_req_to_token(B, w, G, seed=1))
+    kp, vp = _pools(rng, dtype, r2t, w, p)
     q, k, v = _fresh(rng, dtype, N)
     meta = pipeline.prefill_metadata(jnp.full((B,), N, jnp.int32), r2t, N, page_size=G,
-                                     prefix_lens=jnp.full((B,), P, jnp.int32))
+                                     prefix_lens=jnp.full((B,), p, jnp.int32))
     out, kp2, vp2 = _attend(impl, interpret, q, k, v, kp, vp, meta)
     want = paged_attention_reference(q, k, v, kp[1], vp[1], meta.page_table, meta.prefix_lens, meta.qmask,
                                      page_size=G, sm_scale=0.2)
@@ -138,19 +142,22 @@ def test_invariant_attention_matches_paged_attention(impl, interpret, dtype):
     np.testing.assert_array_equal(np.asarray(kp2[0]), np.asarray(kp[0]))  # the other layer untouched
 
 
-def test_invariant_attention_kernel_decode_equals_extend_and_tree_equals_paths():
+@pytest.mark.parametrize("w,p", [(W, P), LONG])
+def test_invariant_attention_kernel_decode_equals_extend_and_tree_equals_paths(w, p):
     """The Triton kernel (interpreted): N tokens decoded one call each == the same tokens in one causal call,
-    and each node of a tree verify == the causal call over its path, bit for bit."""
-    rng = np.random.default_rng(5)
-    r2t = jnp.asarray(make_req_to_token(B, W, G, seed=2))
-    kp, vp = _pools(rng, jnp.bfloat16, r2t)
+    and each node of a tree verify == the causal call over its path, bit for bit (``LONG``: over two key splits,
+    and a decode call whose page table is wider than the extend's: more, empty, splits change nothing)."""
+    rng = np.random.default_rng([5, p])
+    r2t = jnp.asarray(make_req_to_token(B, w, G, seed=2))
+    kp, vp = _pools(rng, jnp.bfloat16, r2t, w, p)
     q, k, v = _fresh(rng, jnp.bfloat16, N)
     run = jax.jit(lambda *a: _attend("triton", True, *a))
     ext = run(q, k, v, kp, vp, pipeline.prefill_metadata(jnp.full((B,), N, jnp.int32), r2t, N, page_size=G,
-                                                         prefix_lens=jnp.full((B,), P, jnp.int32)))[0]
+                                                         prefix_lens=jnp.full((B,), p, jnp.int32)))[0]
     kpj, vpj, rows = kp, vp, []
+    wide = r2t if w == W else jnp.concatenate([r2t, r2t[:, :300]], axis=1)  # more (empty) splits when decoding
     for j in range(N):
-        meta = pipeline.decode_metadata(jnp.full((B,), P + j, jnp.int32), r2t, page_size=G)
+        meta = pipeline.decode_metadata(jnp.full((B,), p + j, jnp.int32), wide, page_size=G)
         o, kpj, vpj = run(q[:, j:j + 1], k[:, j:j + 1], v[:, j:j + 1], kpj, vpj, meta)
         rows.append(o[:, 0])
     assert (np.asarray(jnp.stack(rows, 1)) == np.asarray(ext)).all()
@@ -158,20 +165,20 @@ def test_invariant_attention_kernel_decode_equals_extend_and_tree_equals_paths()
     paths = [[i] if parent[i] < 0 else None for i in range(N)]
     for i in range(1, N):
         paths[i] = paths[parent[i]] + [i]
-    depth = np.array([len(p) - 1 for p in paths], np.int32)
+    depth = np.array([len(path_i) - 1 for path_i in paths], np.int32)
     mask = np.zeros((N, N), bool)
-    for i, p in enumerate(paths):
-        mask[i, p] = True
+    for i, path_i in enumerate(paths):
+        mask[i, path_i] = True
     tree_meta = AttentionMetadata(
-        positions=jnp.asarray(np.broadcast_to(P + depth, (B, N)), jnp.int32),
-        qmask=jnp.asarray(np.broadcast_to(mask, (B, N, N))), prefix_lens=jnp.full((B,), P, jnp.int32),
-        page_table=page_table_from_req_to_token(r2t, G), write_locs=r2t[:, P:P + N], page_size=G)
+        positions=jnp.asarray(np.broadcast_to(p + depth, (B, N)), jnp.int32),
+        qmask=jnp.asarray(np.broadcast_to(mask, (B, N, N))), prefix_lens=jnp.full((B,), p, jnp.int32),
+        page_table=page_table_from_req_to_token(r2t, G), write_locs=r2t[:, p:p + N], page_size=G)
     tree = np.asarray(run(q, k, v, kp, vp, tree_meta)[0])
-    for i, p in enumerate(paths):
-        n = len(p)
+    for i, path_i in enumerate(paths):
+        n = len(path_i)
         meta = pipeline.prefill_metadata(jnp.full((B,), n, jnp.int32), r2t, n, page_size=G,
-                                         prefix_lens=jnp.full((B,), P, jnp.int32))
-        path = np.asarray(run(q[:, p], k[:, p], v[:, p], kp, vp, meta)[0])
+                                         prefix_lens=jnp.full((B,), p, jnp.int32))
+        path = np.asarray(run(q[:, path_i], k[:, path_i], v[:, path_i], kp, vp, meta)[0])
         assert (path[:, -1] == tree[:, i]).all(), f"node {i}"
 
 

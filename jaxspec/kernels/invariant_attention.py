@@ -16,11 +16,15 @@ and for any context width (trailing blocks add zero).
 The fresh K/V are written to the pool first and read back from it like the prefix. Implementations
 (``implementation=``, resolved like every kernel of ``jaxspec.kernels``):
 
-* ``"triton"`` (``"pallas"``; ``"auto"`` on a CUDA GPU): a Pallas Triton kernel with one program per (request,
-  query, KV head). It walks the query's keys ``0..p`` in blocks of ``KEY_BLOCK`` positions, gathering each
-  block through the page table and the query's fresh slots, with an online softmax over a fixed
-  ``[rows, E] x [E, KEY_BLOCK]`` tile (the query's ``Hq / Hkv`` heads, zero rows up to 16): a program's inputs
-  are the query's own, so nothing of another query, request or call can reach its arithmetic.
+* ``"triton"`` (``"pallas"``; ``"auto"`` on a CUDA GPU): two Pallas Triton kernels. The first has one program
+  per (request, query, KV head, split of ``KEY_SPLIT`` key positions): it walks the query's keys of its split
+  (those ``<= p``) in blocks of ``KEY_BLOCK`` positions, gathering each block through the page table and the
+  query's fresh slots, with an online softmax over a fixed ``[rows, E] x [E, KEY_BLOCK]`` tile (the query's
+  ``Hq / Hkv`` heads, zero rows up to 16). The second merges a query's splits in split order. The splits are
+  fixed logical-position ranges, never chosen by the batch, the query count or the context, so the keys' order
+  and grouping are the query's own: nothing of another query, request or call can reach its arithmetic, and a
+  split past the query adds exact zeros (the parallel splits keep a decode step from walking its whole context
+  in one program).
 * ``"reference"`` (``"auto"`` elsewhere): pure jnp, multiplies and ``ordered_sum``s over the whole context
   (no dot and no XLA reduction, whose order XLA picks by the shape; the max is exact in any order).
 
@@ -43,9 +47,10 @@ from jaxspec.kernels._triton import compiler_params, load, store
 from jaxspec.kernels.ordered_sum import BLOCK, ordered_sum
 
 KEY_BLOCK = 64  # key positions per step of the Triton kernel
+KEY_SPLIT = 256  # key positions per program of the Triton kernel's first pass (a multiple of KEY_BLOCK)
 MIN_ROWS = 16  # Triton dots need at least 16 rows
 
-__all__ = ["KEY_BLOCK", "invariant_attention", "resolve_invariant_attention"]
+__all__ = ["KEY_BLOCK", "KEY_SPLIT", "invariant_attention", "resolve_invariant_attention"]
 
 
 def _fresh_at(prefix_lens, positions, qmask, fresh_slots):
@@ -106,9 +111,12 @@ def _reference(q, k_one, v_one, page_table, prefix_lens, positions, qmask, write
     return out.reshape(b, nq, hq, e).astype(q.dtype)
 
 
-def _kernel(lay_ref, pt_ref, pre_ref, pos_ref, fat_ref, has_ref, q_ref, k_ref, v_ref, o_ref, *, page_size,
-            num_pages, width, nq, grp, num_kv, rows, head_dim, scale, layered):
-    b, i, h = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+def _kernel(lay_ref, pt_ref, pre_ref, pos_ref, fat_ref, has_ref, q_ref, k_ref, v_ref, acc_ref, ml_ref, *,
+            page_size, num_pages, width, nq, grp, num_kv, rows, head_dim, scale, layered):
+    """First pass: one program per (request, query, KV head, split) walks the query's keys of positions
+    ``[split * KEY_SPLIT, (split + 1) * KEY_SPLIT)`` that are ``<= `` its own, and stores its partial softmax
+    (``acc``, the running max ``m`` and sum ``l``; ``m = -inf, l = 0`` for a split past the query)."""
+    b, i, h, sp = pl.program_id(0), pl.program_id(1), pl.program_id(2), pl.program_id(3)
     g = page_size
     n_pre = pre_ref[b]
     last = pos_ref[b, i]  # the query's own position: it sees the keys 0..last
@@ -122,9 +130,10 @@ def _kernel(lay_ref, pt_ref, pre_ref, pos_ref, fat_ref, has_ref, q_ref, k_ref, v
     j = jnp.arange(KEY_BLOCK, dtype=jnp.int32)
     lay = lay_ref[0]
     prec = jax.lax.Precision.HIGHEST if q.dtype == jnp.float32 else None
+    first = sp * (KEY_SPLIT // KEY_BLOCK)  # the split's first key block
 
     def step(t, carry):
-        kp = t * KEY_BLOCK + j
+        kp = (first + t) * KEY_BLOCK + j
         in_pre = kp < n_pre
         off = kp - n_pre
         d = jnp.clip(off, 0, nq - 1)
@@ -140,12 +149,39 @@ def _kernel(lay_ref, pt_ref, pre_ref, pos_ref, fat_ref, has_ref, q_ref, k_ref, v
         v = load(v_ref.at[(lay, *idx) if layered else idx], mask=kv_mask, other=0)
         return online_softmax_step(carry, q, k, v, ok, scale, prec)
 
-    init = online_softmax_init(rows, e_pad)
-    acc, _, l = jax.lax.fori_loop(0, (last + KEY_BLOCK) // KEY_BLOCK, step, init)
-    out = (acc / l[:, None]).astype(o_ref.dtype)
+    # the split's blocks up to the one holding `last` (none for a split past it)
+    blocks = jnp.clip((last + KEY_BLOCK) // KEY_BLOCK - first, 0, KEY_SPLIT // KEY_BLOCK)
+    acc, m, l = jax.lax.fori_loop(0, blocks, step, online_softmax_init(rows, e_pad))
+    # the query's own heads only (rows past them park on an out-of-range head, masked)
+    dest = jnp.where(row_ok, h * grp + r, grp * num_kv)
+    store(acc_ref.at[b, i, sp, dest[:, None], c[None, :]], acc, mask=row_ok[:, None])
+    store(ml_ref.at[b, i, sp, 0, dest], m, mask=row_ok)
+    store(ml_ref.at[b, i, sp, 1, dest], l, mask=row_ok)
+
+
+def _merge_kernel(acc_ref, ml_ref, o_ref, *, splits, grp, rows, head_dim, num_kv):
+    """Second pass: one program per (request, query, KV head) merges the splits' partials in split order:
+    ``out = sum_s 2**(m_s - M) acc_s / sum_s 2**(m_s - M) l_s`` with ``M = max_s m_s`` (a split past the query
+    adds exact zeros, so the context's width never reaches the result)."""
+    b, i, h = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+    e_pad = next_pow2(head_dim)
+    c = jnp.arange(e_pad, dtype=jnp.int32)
+    r = jnp.arange(rows, dtype=jnp.int32)
+    row_ok = r < grp
+    heads = h * grp + jnp.minimum(r, grp - 1)
+    top = load(ml_ref.at[b, i, 0, 0, heads])
+    for sp in range(1, splits):  # the max is exact in any order
+        top = jnp.maximum(top, load(ml_ref.at[b, i, sp, 0, heads]))
+    num = jnp.zeros((rows, e_pad), jnp.float32)
+    den = jnp.zeros((rows,), jnp.float32)
+    for sp in range(splits):  # split order, written out
+        w = jnp.exp2(load(ml_ref.at[b, i, sp, 0, heads]) - top)
+        den = den + load(ml_ref.at[b, i, sp, 1, heads]) * w
+        num = num + load(acc_ref.at[b, i, sp, heads[:, None], c[None, :]]) * w[:, None]
+    out = (num / den[:, None]).astype(o_ref.dtype)
     # masked-off rows park on an out-of-range head (interpreted, a masked lane still writes its old value back)
     dest = jnp.where(row_ok, h * grp + r, grp * num_kv)
-    store(o_ref.at[b, i, dest[:, None], c[None, :]], out, mask=row_ok[:, None] & col[None, :])
+    store(o_ref.at[b, i, dest[:, None], c[None, :]], out, mask=row_ok[:, None] & (c < head_dim)[None, :])
 
 
 def _triton(q, k_pool, v_pool, layer, page_table, prefix_lens, positions, qmask, write_locs, *, page_size,
@@ -156,18 +192,30 @@ def _triton(q, k_pool, v_pool, layer, page_table, prefix_lens, positions, qmask,
     fresh_at, has = _fresh_at(prefix_lens, positions, qmask, write_locs)
     layered = layer is not None
     lay = jnp.reshape(jnp.asarray(0 if layer is None else layer, jnp.int32), (1,))
+    rows, e_pad = max(MIN_ROWS, next_pow2(grp)), next_pow2(e)
+    # every key a query can see lies below the page table's reach or among the fresh tokens
+    splits = cdiv(page_table.shape[1] * page_size + nq, KEY_SPLIT)
     kernel = functools.partial(
         _kernel, page_size=page_size, num_pages=k_pool.shape[-3] // page_size, width=page_table.shape[1], nq=nq,
-        grp=grp, num_kv=hkv, rows=max(MIN_ROWS, next_pow2(grp)), head_dim=e, scale=float(sm_scale * LOG2E),
-        layered=layered)
-    return pl.pallas_call(
+        grp=grp, num_kv=hkv, rows=rows, head_dim=e, scale=float(sm_scale * LOG2E), layered=layered)
+    acc, ml = pl.pallas_call(
         kernel,
-        out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
-        grid=(b, nq, hkv),
+        out_shape=(jax.ShapeDtypeStruct((b, nq, splits, hq, e_pad), jnp.float32),
+                   jax.ShapeDtypeStruct((b, nq, splits, 2, hq), jnp.float32)),
+        grid=(b, nq, hkv, splits),
         interpret=interpret,
         compiler_params=compiler_params(num_warps=4, num_stages=2),
         name=f"invariant_attention_g{page_size}",
     )(lay, page_table, prefix_lens, positions, fresh_at, has.astype(jnp.int32), q, k_pool, v_pool)
+    merge = functools.partial(_merge_kernel, splits=splits, grp=grp, rows=rows, head_dim=e, num_kv=hkv)
+    return pl.pallas_call(
+        merge,
+        out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
+        grid=(b, nq, hkv),
+        interpret=interpret,
+        compiler_params=compiler_params(num_warps=4, num_stages=1),
+        name="invariant_attention_merge",
+    )(acc, ml)
 
 
 def _check(q, k_new, k_pool, page_table, prefix_lens, positions, qmask, write_locs, layer):
