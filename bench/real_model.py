@@ -14,9 +14,10 @@ it is measured, so a run cut short keeps what it measured):
 * ``spec``: plain and speculative decoding with the trained heads, stopping at the chat template's end-of-turn
   token (``<|im_end|>``), at most ``--new-tokens``. Per engine (drafter x config, ``--configs``): the mean accept
   length (tokens per verify round) over all 80 prompts in one batch at temperature 0 (and ``--temperatures``),
-  the per-request accept lengths' histogram, whether its greedy tokens equal plain decoding's, and tokens/s at
-  ``--batches`` (generated tokens / seconds). Lossless: at temperature 0 every engine returns plain decoding's
-  tokens (up to bf16 near-ties between a 1-row and a multi-row forward; none in the batch-invariant mode).
+  the per-request accept lengths' histogram, whether its greedy tokens equal plain decoding's (every config's,
+  first), then tokens/s at ``--batches`` (generated tokens / seconds). Lossless: at temperature 0 every engine
+  returns plain decoding's tokens (up to bf16 near-ties between a 1-row and a multi-row forward; none in the
+  batch-invariant mode).
   ``--modes default,invariant`` runs the part once per mode (``Engine(batch_invariant=True)``), side by side; the
   invariant mode also decodes the first 32 requests alone and all of them through the serving core, each
   compared with its reply in the all-prompts batch.
@@ -209,14 +210,7 @@ def part_spec(run, models, prompts, batches, args, eos_id, mode="default"):
     ref_tokens = [np.asarray(t).tolist() for t in ref.tokens]
     if inv and run.time_left():
         _invariance_rows(run, plain, prompts, ref_tokens, args, eos_id)
-    for b in batches:
-        if not run.time_left():
-            return
-        res, first_s, s = _timed(lambda: plain.generate(prompts[:b], args.new_tokens), args.repeats)
-        plain_tok[b] = _n_tokens(res) / s
-        run.add(part="spec", mode=mode, engine="jaxspec", config="plain", batch=b, tokens=_n_tokens(res), seconds=s,
-                tok_s=plain_tok[b], first_call_s=first_s)
-        print(f"spec plain          b={b:<3d} {plain_tok[b]:10.1f} tok/s ({mode})", flush=True)
+    engines = {}  # every config's acceptance and equality first (the checks), then every config's tokens/s
     for name in args.configs.split(","):
         if not run.time_left():
             return
@@ -231,6 +225,7 @@ def part_spec(run, models, prompts, batches, args, eos_id, mode="default"):
         w = _context(prompts, args.new_tokens, width, args.page_size)
         eng = Engine(target, drafter, spec=specs if adaptive else specs[0], adaptive=True if adaptive else None,
                      max_context=w, page_size=args.page_size, max_batch=most, eos_id=eos_id, batch_invariant=inv)
+        engines[name] = eng
         for t in [0.0] + ([x for x in temps if x > 0] if name in args.accept_configs.split(",") else []):
             if not run.time_left():
                 return
@@ -253,6 +248,15 @@ def part_spec(run, models, prompts, batches, args, eos_id, mode="default"):
             run.add(**row)
             extra = f", {row['same_as_plain']}/{n_all} equal to plain" if t == 0.0 else ""
             print(f"{name:<18s} T={t:<4g} accept {res.mean_accept_length:.3f}{extra} ({mode})", flush=True)
+    for b in batches:
+        if not run.time_left():
+            return
+        res, first_s, s = _timed(lambda: plain.generate(prompts[:b], args.new_tokens), args.repeats)
+        plain_tok[b] = _n_tokens(res) / s
+        run.add(part="spec", mode=mode, engine="jaxspec", config="plain", batch=b, tokens=_n_tokens(res), seconds=s,
+                tok_s=plain_tok[b], first_call_s=first_s)
+        print(f"spec plain          b={b:<3d} {plain_tok[b]:10.1f} tok/s ({mode})", flush=True)
+    for name, eng in engines.items():
         for b in batches:
             if not run.time_left():
                 return
