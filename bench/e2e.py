@@ -76,6 +76,9 @@ def _parse(argv):
     ap.add_argument("--no-pairs", action="store_true", help="skip the tiny pair's accept histograms (no 'sim pair' rows)")
     ap.add_argument("--profile", action="store_true",
                     help="per-kernel CUPTI profile of a whole decode loop (plain, and sim mean 3.0) at --breakdown batches")
+    ap.add_argument("--batch-invariant", action="store_true",
+                    help="every engine with Engine(batch_invariant=True) (on XLA:CPU: XLA_FLAGS="
+                         "--xla_cpu_experimental_ynn_fusion_type=), e.g. with --profile for the mode's kernels")
     ap.add_argument("--json", default=None, help="write rows + environment as JSON here")
     ap.add_argument("--png", default=None, help="write a tokens/s plot here")
     return ap.parse_args(argv)
@@ -233,7 +236,8 @@ def bench_model(name, cfg, args, gbps, pairs, rows, dtype, kv_dtype):
             spec = specs[cname]
             drafter = None if spec is None else MTPDrafter(head)
             settings = [("-", 1.0, None)] if spec is None else _sims(spec, pairs.get(cname))
-            kw = dict(spec=spec, max_context=width, page_size=args.page_size, max_batch=batch)
+            kw = dict(spec=spec, max_context=width, page_size=args.page_size, max_batch=batch,
+                      batch_invariant=args.batch_invariant)
             eng = Engine(head, drafter, **kw)  # plain rows, and the breakdown's shapes
             for context in contexts:
                 t0 = time.perf_counter()
@@ -309,7 +313,8 @@ def adaptive_rows(model, wb, name, batch, contexts, width, args, gbps, plain_ms,
         costs = None
         for mean in SIM_MEANS:
             eng = Engine(model, MTPDrafter(model), spec=shapes, adaptive=True, max_context=width,
-                         page_size=args.page_size, max_batch=batch, simulate_accept=SimulatedAccept(mean=mean))
+                         page_size=args.page_size, max_batch=batch, simulate_accept=SimulatedAccept(mean=mean),
+                         batch_invariant=args.batch_invariant)
             if costs is None:
                 tc = time.perf_counter()
                 costs = eng.calibrate(batch, context=context)

@@ -45,3 +45,20 @@ def test_e2e_tiny_rows(tmp_path):
     assert roof[300] < roof[0]
     sims = {r["sim"] for r in rows if r["config"] == "chain"}
     assert any("mean 2.0" in s for s in sims) and any("mean 3.0" in s for s in sims) and any("pair" in s for s in sims)
+
+
+@pytest.mark.slow
+def test_e2e_tiny_rows_in_the_batch_invariant_mode(tmp_path):
+    import os
+
+    from jaxspec.kernels import CPU_INVARIANT_FLAG
+
+    out = tmp_path / "e2e.json"
+    env = dict(os.environ, XLA_FLAGS=CPU_INVARIANT_FLAG, JAX_PLATFORMS="cpu")
+    r = subprocess.run([sys.executable, str(ROOT / "bench" / "e2e.py"), "--tiny", "--batch-invariant", "--configs",
+                        "plain,chain", "--breakdown", "", "--no-pairs", "--json", str(out)],
+                       capture_output=True, text=True, timeout=900, env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    d = json.loads(out.read_text())
+    assert "--batch-invariant" in d["argv"]
+    assert {r["config"] for r in d["rows"]} == {"plain", "chain"} and all(r["tok_s"] > 0 for r in d["rows"])
