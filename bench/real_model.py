@@ -238,6 +238,7 @@ def part_spec(run, models, prompts, batches, args, eos_id, mode="default"):
                        first_call_s=first_s)
             if res.mode_rounds is not None:
                 row["mode_rounds"] = np.asarray(res.mode_rounds).tolist()
+                row["round_costs_ms"] = _round_costs_ms(eng)
             if t == 0.0:
                 got = [np.asarray(x).tolist() for x in res.tokens]
                 same = [a == b for a, b in zip(got, ref_tokens)]
@@ -262,12 +263,22 @@ def part_spec(run, models, prompts, batches, args, eos_id, mode="default"):
                 return
             res, first_s, s = _timed(lambda: eng.generate(prompts[:b], args.new_tokens), args.repeats)
             tok_s = _n_tokens(res) / s
+            extra = {} if res.mode_rounds is None else dict(mode_rounds=np.asarray(res.mode_rounds).tolist(),
+                                                            round_costs_ms=_round_costs_ms(eng))
             run.add(part="spec", mode=mode, engine="jaxspec", config=name, batch=b, tokens=_n_tokens(res), seconds=s,
                     tok_s=tok_s,
                     accept_len=res.mean_accept_length, first_call_s=first_s,
-                    speedup=tok_s / plain_tok[b] if b in plain_tok else None)
+                    speedup=tok_s / plain_tok[b] if b in plain_tok else None, **extra)
             print(f"{name:<18s} b={b:<3d} {tok_s:10.1f} tok/s  {tok_s / plain_tok.get(b, float('nan')):.2f}x plain "
                   f"(accept {res.mean_accept_length:.2f}; first call {first_s:.1f} s; {mode})", flush=True)
+
+
+def _round_costs_ms(eng) -> dict:
+    """An adaptive engine's calibrated seconds per round of each mode (plain, then each shape), per batch bucket,
+    in ms: what its choices were made from."""
+    import numpy as np
+
+    return {int(b): (np.asarray(c) * 1e3).tolist() for b, c in eng.round_costs.items()}
 
 
 def _invariance_rows(run, plain, prompts, ref_tokens, args, eos_id):
