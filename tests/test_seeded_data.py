@@ -39,6 +39,21 @@ def test_eval_overlap_finds_shared_runs_and_whole_short_questions():
     assert chat_seeds.eval_overlap(texts, []) == []
 
 
+def test_eval_texts_read_mt_bench_humaneval_and_gsm8k_lines(tmp_path):
+    import gzip
+
+    (tmp_path / "mt.jsonl").write_text(json.dumps({"question_id": 1, "turns": ["a b", "c d"]}) + "\n\n")
+    with gzip.open(tmp_path / "he.jsonl.gz", "wt") as f:
+        f.write(json.dumps({"task_id": "x/0", "prompt": "def f():"}) + "\n")
+    (tmp_path / "gsm.jsonl").write_text(json.dumps({"question": "How many?", "answer": "4"}) + "\n")
+    assert chat_seeds.eval_texts(str(tmp_path / "mt.jsonl")) == ["a b", "c d"]
+    assert chat_seeds.eval_texts(str(tmp_path / "he.jsonl.gz")) == ["def f():"]
+    assert chat_seeds.eval_texts(str(tmp_path / "gsm.jsonl")) == ["How many?"]
+    (tmp_path / "bad.jsonl").write_text(json.dumps({"text": "x"}) + "\n")
+    with pytest.raises(ValueError, match="bad.jsonl:1: expected one of the fields"):
+        chat_seeds.eval_texts(str(tmp_path / "bad.jsonl"))
+
+
 @pytest.mark.slow
 def test_no_opening_shares_eight_words_with_mt_bench():
     from jaxspec.data import mtbench

@@ -9,6 +9,8 @@ scene), so prompts vary in length as well as in kind. Every stem and topic was w
 taken from MT-Bench, HumanEval or GSM8K (``eval_overlap`` checks the generated prompts against an evaluation
 set's questions). Licence: the project's."""
 
+import gzip
+import json
 import re
 
 import numpy as np
@@ -169,6 +171,26 @@ def seed_count(categories=None) -> int:
 
 
 _WORD = re.compile(r"[a-z0-9]+")
+EVAL_FIELDS = ("turns", "prompt", "question")  # MT-Bench's, HumanEval's, GSM8K's
+
+
+def eval_texts(path: str) -> list[str]:
+    """The question texts of an evaluation set's JSON-lines file (``.jsonl`` or ``.jsonl.gz``): per line, every
+    turn of ``turns`` (MT-Bench), or ``prompt`` (HumanEval), or ``question`` (GSM8K); ``ValueError`` naming the
+    file and line when a line has none of them."""
+    opener = gzip.open if str(path).endswith(".gz") else open
+    out = []
+    with opener(path, "rt", encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            row = json.loads(line)
+            field = next((k for k in EVAL_FIELDS if k in row), None)
+            if field is None:
+                raise ValueError(f"{path}:{n}: expected one of the fields {list(EVAL_FIELDS)}, got {sorted(row)}")
+            value = row[field]
+            out += [str(t) for t in value] if isinstance(value, list) else [str(value)]
+    return out
 
 
 def words(text: str) -> list[str]:
