@@ -10,6 +10,7 @@ Tolerances against the default ops are float32 rounding of sums taken in another
 output itself is bf16.
 """
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -317,3 +318,27 @@ def test_gpu_kernels_are_invariant_and_match_the_references():
                           pipeline.decode_metadata(jnp.full((B,), P + j, jnp.int32), r2t, page_size=G))
         rows.append(o[:, 0])
     assert (np.asarray(jnp.stack(rows, 1)) == np.asarray(ext)).all()
+
+
+@pytest.mark.parametrize("impl,interpret", IMPLS)
+def test_a_fresh_slot_outside_the_pool_is_neither_written_nor_read(impl, interpret):
+    """Query 3 of each request writes to a slot past the pool (a padding token's): the pools are unchanged there,
+    and the queries after it, which would see it, give what they give when its key is absent from their path
+    (the read is masked, never a load past the pool)."""
+    rng = np.random.default_rng(9)
+    r2t = jnp.asarray(make_req_to_token(B, W, G, seed=4))
+    kp, vp = _pools(rng, jnp.float32, r2t)
+    q, k, v = _fresh(rng, jnp.float32, N)
+    meta = pipeline.prefill_metadata(jnp.full((B,), N, jnp.int32), r2t, N, page_size=G,
+                                     prefix_lens=jnp.full((B,), P, jnp.int32))
+    bad = meta.write_locs.at[:, 3].set(kp.shape[1] + 5)
+    out, kp2, _ = _attend(impl, interpret, q, k, v, kp, vp, dataclasses.replace(meta, write_locs=bad))
+    assert np.isfinite(np.asarray(out)).all()
+    good = np.asarray(meta.write_locs)[:, [0, 1, 2, 4, 5]].reshape(-1)
+    keep = np.ones(kp.shape[1], bool)
+    keep[good] = False
+    np.testing.assert_array_equal(np.asarray(kp2[1])[keep], np.asarray(kp[1])[keep])  # nothing else written
+    # query 4 without token 3 on its path: the same as the query whose mask leaves token 3 out
+    qmask = meta.qmask.at[:, 4, 3].set(False)
+    want, _, _ = _attend(impl, interpret, q, k, v, kp, vp, dataclasses.replace(meta, qmask=qmask))
+    np.testing.assert_allclose(np.asarray(out)[:, 4], np.asarray(want)[:, 4], rtol=1e-6, atol=1e-6)

@@ -85,6 +85,7 @@ def _key_slots(page_table, prefix_lens, positions, qmask, fresh_slots, page_size
     in_prefix = (off < 0)[:, None, :]
     fresh = jnp.take_along_axis(fresh_at, jnp.broadcast_to(idx, (b, nq, width)), axis=2)
     fresh_ok = jnp.take_along_axis(has, jnp.broadcast_to(idx, (b, nq, width)), axis=2) & (off < nq)[:, None, :]
+    fresh_ok = fresh_ok & (fresh >= 0) & (fresh < num_slots)  # a slot outside the pool is never read
     slots = jnp.where(in_prefix, prefix_slot[:, None, :], fresh)
     valid = in_prefix | fresh_ok
     return jnp.clip(slots, 0, num_slots - 1), valid
@@ -112,7 +113,7 @@ def _reference(q, k_one, v_one, page_table, prefix_lens, positions, qmask, write
 
 
 def _kernel(lay_ref, pt_ref, pre_ref, pos_ref, fat_ref, has_ref, q_ref, k_ref, v_ref, acc_ref, ml_ref, *,
-            page_size, num_pages, width, nq, grp, num_kv, rows, head_dim, scale, layered):
+            page_size, num_pages, num_slots, width, nq, grp, num_kv, rows, head_dim, scale, layered):
     """First pass: one program per (request, query, KV head, split) walks the query's keys of positions
     ``[split * KEY_SPLIT, (split + 1) * KEY_SPLIT)`` that are ``<= `` its own, and stores its partial softmax
     (``acc``, the running max ``m`` and sum ``l``; ``m = -inf, l = 0`` for a split past the query)."""
@@ -141,8 +142,10 @@ def _kernel(lay_ref, pt_ref, pre_ref, pos_ref, fat_ref, has_ref, q_ref, k_ref, v
         pre_slot = jnp.clip(page, 0, num_pages - 1) * g + kp % g
         fresh_slot = load(fat_ref.at[b, i, d])
         fresh_ok = load(has_ref.at[b, i, d]) != 0
-        ok = (in_pre | ((off >= 0) & (off < nq) & fresh_ok)) & (kp <= last)
         slot = jnp.where(in_pre, pre_slot, fresh_slot)
+        # a fresh slot outside the pool (a padding query's, which writes nothing) is never read
+        ok = (in_pre | ((off >= 0) & (off < nq) & fresh_ok & (slot >= 0) & (slot < num_slots))) & (kp <= last)
+        slot = jnp.clip(slot, 0, num_slots - 1)
         idx = (slot[:, None], h, c[None, :])
         kv_mask = ok[:, None] & col[None, :]
         k = load(k_ref.at[(lay, *idx) if layered else idx], mask=kv_mask, other=0)
@@ -196,7 +199,8 @@ def _triton(q, k_pool, v_pool, layer, page_table, prefix_lens, positions, qmask,
     # every key a query can see lies below the page table's reach or among the fresh tokens
     splits = cdiv(page_table.shape[1] * page_size + nq, KEY_SPLIT)
     kernel = functools.partial(
-        _kernel, page_size=page_size, num_pages=k_pool.shape[-3] // page_size, width=page_table.shape[1], nq=nq,
+        _kernel, page_size=page_size, num_pages=k_pool.shape[-3] // page_size, num_slots=k_pool.shape[-3],
+        width=page_table.shape[1], nq=nq,
         grp=grp, num_kv=hkv, rows=rows, head_dim=e, scale=float(sm_scale * LOG2E), layered=layered)
     acc, ml = pl.pallas_call(
         kernel,
