@@ -2,6 +2,7 @@
 ``tests/test_train_draft.py``, on a trained head)."""
 
 import numpy as np
+import pytest
 
 from jaxspec.models import replay
 
@@ -41,3 +42,20 @@ def test_replay_pads_the_last_batch_and_sums_over_rows():
     # perfect drafts, chain of 2: 3 tokens a round until the end
     assert got["row_rounds"] == [3, 2, 1] and got["tokens"] == 7 + 5 + 3
     assert got["accept_length"] == 15 / 6
+
+
+def test_shorter_chains_replay_from_the_same_forward():
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(0, 5, (5, 40)).astype(np.int32)
+    pred = np.stack([np.pad(tokens[:, 2 + k:], ((0, 0), (0, 2 + k))) for k in range(4)], axis=1)
+    pred = np.where(rng.random(pred.shape) < 0.3, 9, pred)  # 30% of the drafts wrong
+    lens, rs = np.full(5, 40), np.full(5, 3)
+    full = replay.replay_accept_length(lambda r: pred[:len(r)] if len(r) == 5 else None, tokens, lens, rs, batch=5,
+                                       depths=[1, 2, 4])
+    for d in (1, 2, 4):
+        alone = replay.replay_accept_length(lambda r, d=d: pred[:, :d], tokens, lens, rs, batch=5)
+        assert full["by_depth"][d] == alone["accept_length"]
+    assert full["by_depth"][4] == full["accept_length"]
+    assert 1 <= full["by_depth"][1] <= min(full["by_depth"][2], full["by_depth"][4]) and full["by_depth"][4] <= 5
+    with pytest.raises(ValueError, match="depths"):
+        replay.replay_accept_length(lambda r: pred, tokens, lens, rs, batch=5, depths=[5])

@@ -40,7 +40,7 @@ def step_hits(predictions, tokens):
     return hits
 
 
-def replay_accept_length(predict, tokens, lens, resp_start, *, batch: int) -> dict:
+def replay_accept_length(predict, tokens, lens, resp_start, *, batch: int, depths=None) -> dict:
     """The chain's accept length over greedy replies (module docstring).
 
     Args:
@@ -49,26 +49,40 @@ def replay_accept_length(predict, tokens, lens, resp_start, *, batch: int) -> di
             padded with copies of its first row), so one compile serves the whole set.
         tokens, lens, resp_start: greedy conversations (``jaxspec.data.self_distill.load_data``).
         batch: rows per ``predict`` call.
+        depths: also replay chains of these lengths (each ``<= K``) from the same forward: the result gains
+            ``"by_depth": {S: accept length}``.
 
     Returns:
         ``{"accept_length": tokens / rounds over all replies, "rounds", "tokens", "per_row": [accept per row],
-        "row_rounds": [rounds per row]}``. The engine's ``num_rounds`` of the same greedy decode equals
-        ``row_rounds`` up to the draft's numerics; its ``num_accepted`` may count a last round's drafts past the
-        reply's end, which ``tokens`` does not.
+        "row_rounds": [rounds per row]}`` for the chain of all ``K`` steps. The engine's ``num_rounds`` of the
+        same greedy decode equals ``row_rounds`` up to the draft's numerics; its ``num_accepted`` may count a last
+        round's drafts past the reply's end, which ``tokens`` does not.
     """
     tokens = np.asarray(tokens, np.int32)
     n = tokens.shape[0]
     per_row, row_rounds, all_rounds, all_tokens = [], [], 0, 0
+    sums = {int(d): [0, 0] for d in (depths or ())}
     for lo in range(0, n, batch):
         rows = tokens[lo:lo + batch]
         pad = batch - rows.shape[0]
         if pad:
             rows = np.concatenate([rows, np.repeat(rows[:1], pad, axis=0)])
         hits = step_hits(np.asarray(predict(rows)), rows)
+        for d in sums:
+            if not 1 <= d <= hits.shape[1]:
+                raise ValueError(f"depths: expected chain lengths in [1, {hits.shape[1]}] (the steps predict "
+                                 f"returns), got {d}")
         for i in range(min(batch, n - lo)):
-            r, t = chain_rounds(hits[i], int(resp_start[lo + i]), int(lens[lo + i]))
+            start, end = int(resp_start[lo + i]), int(lens[lo + i])
+            r, t = chain_rounds(hits[i], start, end)
             all_rounds, all_tokens = all_rounds + r, all_tokens + t
             per_row.append(t / r if r else float("nan"))
             row_rounds.append(r)
-    return dict(accept_length=all_tokens / max(all_rounds, 1), rounds=all_rounds, tokens=all_tokens, per_row=per_row,
-                row_rounds=row_rounds)
+            for d, acc in sums.items():
+                rd, td = chain_rounds(hits[i, :d], start, end)
+                acc[0], acc[1] = acc[0] + rd, acc[1] + td
+    out = dict(accept_length=all_tokens / max(all_rounds, 1), rounds=all_rounds, tokens=all_tokens, per_row=per_row,
+               row_rounds=row_rounds)
+    if depths is not None:
+        out["by_depth"] = {d: t / max(r, 1) for d, (r, t) in sums.items()}
+    return out
