@@ -26,11 +26,19 @@ def _dtype(name: str) -> np.dtype:
     return np.dtype(name)
 
 
+def write_json(path: str, obj) -> None:
+    """``obj`` as JSON at ``path``, atomically (a temporary file beside it, then renamed over it)."""
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(obj, f, indent=1)
+    os.replace(tmp, path)
+
+
 def save_arrays(folder: str, arrays: dict) -> dict:
     """Write ``arrays`` (``{name: array}``) into ``folder`` (module docstring); returns the index."""
     os.makedirs(folder, exist_ok=True)
     entries, files = [], []
-    buf, offset, written = bytearray(), 0, 0
+    buf, offset = bytearray(), 0
 
     def flush():
         nonlocal buf
@@ -52,14 +60,10 @@ def save_arrays(folder: str, arrays: dict) -> dict:
             view = view[room:]
             if len(buf) == MAX_PIECE_BYTES:
                 flush()
-        written += len(raw)
     if buf or not files:
         flush()
-    index = dict(arrays=entries, files=files, bytes=written)
-    tmp = os.path.join(folder, INDEX + ".tmp")
-    with open(tmp, "w") as f:
-        json.dump(index, f, indent=1)
-    os.replace(tmp, os.path.join(folder, INDEX))
+    index = dict(arrays=entries, files=files, bytes=offset)
+    write_json(os.path.join(folder, INDEX), index)
     return index
 
 

@@ -94,7 +94,7 @@ def save_train_state(path: str, params: dict, opt_state, step: int, history: dic
 
     import jax
 
-    from jaxspec.pieces import save_arrays
+    from jaxspec.pieces import save_arrays, write_json
 
     os.makedirs(path, exist_ok=True)
     folder = f"step-{step}"
@@ -102,9 +102,7 @@ def save_train_state(path: str, params: dict, opt_state, step: int, history: dic
                 {k: np.asarray(v) for k, v in params.items()} | dict(extra or {}))
     leaves = jax.tree_util.tree_leaves_with_path(opt_state)
     save_arrays(os.path.join(path, folder, "opt"), {jax.tree_util.keystr(k): np.asarray(v) for k, v in leaves})
-    with open(os.path.join(path, "state.json.tmp"), "w") as f:
-        json.dump({"step": step, "folder": folder, "history": history}, f)
-    os.replace(os.path.join(path, "state.json.tmp"), os.path.join(path, "state.json"))
+    write_json(os.path.join(path, "state.json"), {"step": step, "folder": folder, "history": history})
     for old in os.listdir(path):
         if old.startswith("step-") and old != folder:
             shutil.rmtree(os.path.join(path, old), ignore_errors=True)
@@ -188,8 +186,6 @@ def train(target, tokens, mask, *, arch: str, out_dir: str, steps: int, batch: i
     start, history = 0, {"step": [], "loss": [], "accept": [], "seconds": [], "replay": [], "best": None}
     if os.path.exists(os.path.join(state_dir, "state.json")):
         master, opt_state, start, history = load_train_state(state_dir, master, opt_state)
-        history.setdefault("replay", [])
-        history.setdefault("best", None)
         log(f"train: resuming at step {start}")
     best_dir = os.path.join(state_dir, "best")
 

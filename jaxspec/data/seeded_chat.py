@@ -27,7 +27,6 @@ from jaxspec's own seeds (``jaxspec.data.chat_seeds``: the project's licence); n
 """
 
 import hashlib
-import os
 import re
 from collections import Counter
 
@@ -118,8 +117,8 @@ def generate_seeded_data(target, tokenizer, out_dir: str, *, num_prompts: int, p
     preamble = chat_preamble(tokenizer)
     longest_opening = max(len(tokenizer.encode(preamble + o, add_special_tokens=False))
                           for k in kinds for o in chat_seeds.openings(k, cats))
-    overhead = len(tokenizer.encode_chat([{"role": "user", "content": "x"}])) - 1
-    ctx = max(longest_opening + prompt_len, overhead + longest_opening + prompt_len) + response_len + 8
+    overhead = len(tokenizer.encode_chat([{"role": "user", "content": "x"}])) - 1  # the template, preamble included
+    ctx = overhead + longest_opening + prompt_len + response_len + 8
     ctx = -(-ctx // page_size) * page_size
     eng = Engine(target, None, max_context=ctx, page_size=page_size, max_batch=gen_batch, eos_id=eot_id)
     while manifest["rows"] < num_prompts:
@@ -140,7 +139,7 @@ def generate_seeded_data(target, tokenizer, out_dir: str, *, num_prompts: int, p
             if why:
                 dropped[why] += 1
             keep.append(why is None)
-        for i, _ in chat_seeds.eval_overlap(texts, qs) if qs else []:
+        for i, _ in chat_seeds.eval_overlap(texts, qs):
             if keep[i]:
                 keep[i] = False
                 dropped["eval_overlap"] += 1
@@ -159,7 +158,6 @@ def generate_seeded_data(target, tokenizer, out_dir: str, *, num_prompts: int, p
             manifest = shards.add_shard(out_dir, manifest, shards.pack_rows(seqs, [len(p) for p in prompts], kind_ids))
         else:
             manifest = dict(manifest, next_index=lo + n, dropped=dict(dropped))
-            os.makedirs(out_dir, exist_ok=True)
             shards.write_manifest(out_dir, manifest)
         log(f"data: {manifest['rows']}/{num_prompts} conversations kept; dropped {dict(dropped)}")
     return manifest

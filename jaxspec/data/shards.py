@@ -8,22 +8,15 @@ A shard holds ``tokens`` (right-padded with 0; ``uint16`` when every id fits, el
 it is replaced atomically after every shard, and a shard not in it is ignored (a cut-short write).
 """
 
-import hashlib
 import json
 import os
 
 import numpy as np
 
-MAX_PIECE_BYTES = 16 * 2**20
+from jaxspec._fetch import sha256_file
+from jaxspec.pieces import MAX_PIECE_BYTES, write_json
+
 MANIFEST = "manifest.json"
-
-
-def _sha256(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def read_manifest(folder: str) -> dict | None:
@@ -36,11 +29,9 @@ def read_manifest(folder: str) -> dict | None:
 
 
 def write_manifest(folder: str, manifest: dict) -> None:
-    """Replace the folder's manifest atomically."""
-    tmp = os.path.join(folder, MANIFEST + ".tmp")
-    with open(tmp, "w") as f:
-        json.dump(manifest, f, indent=1)
-    os.replace(tmp, os.path.join(folder, MANIFEST))
+    """Replace the folder's manifest atomically (the folder is made when missing)."""
+    os.makedirs(folder, exist_ok=True)
+    write_json(os.path.join(folder, MANIFEST), manifest)
 
 
 def pack_rows(seqs, starts, kinds) -> dict:
@@ -76,7 +67,7 @@ def add_shard(folder: str, manifest: dict, rows: dict) -> dict:
             raise ValueError(f"shard {name}: {size} bytes, over the {MAX_PIECE_BYTES}-byte piece limit (one row "
                              f"takes {per_row} bytes)")
         os.replace(tmp, path)
-        shards.append(dict(file=name, rows=int(len(part["lens"])), bytes=size, sha256=_sha256(path)))
+        shards.append(dict(file=name, rows=int(len(part["lens"])), bytes=size, sha256=sha256_file(path)))
     manifest = dict(manifest, shards=shards, rows=sum(s["rows"] for s in shards))
     write_manifest(folder, manifest)
     return manifest
@@ -93,7 +84,7 @@ def read_shards(folder: str, *, verify: bool = True) -> dict:
         path = os.path.join(folder, s["file"])
         if not os.path.exists(path):
             raise ValueError(f"{path}: listed in {MANIFEST} but missing")
-        if verify and _sha256(path) != s["sha256"]:
+        if verify and sha256_file(path) != s["sha256"]:
             raise ValueError(f"{path}: sha256 differs from {MANIFEST}'s {s['sha256']}")
         with np.load(path) as d:
             parts.append({k: d[k] for k in ("tokens", "lens", "resp_start", "kind")})
