@@ -183,6 +183,59 @@ def test_invariant_attention_kernel_decode_equals_extend_and_tree_equals_paths(w
         assert (path[:, -1] == tree[:, i]).all(), f"node {i}"
 
 
+@pytest.mark.parametrize("w,p", [(W, P), LONG])
+def test_invariant_attention_kernel_blocks_of_queries_equal_single_queries(w, p):
+    """The Triton kernel (interpreted) tiles up to 16 queries a program: a 40-token causal extend (three query
+    blocks, the last one part padding) == the same tokens as chunks of 17 and 23 (other block boundaries) ==
+    the last 3 decoded one call each, and a right-padded prompt's real rows == the unpadded prompt's, bit for
+    bit; a tree whose branches share query blocks with a causal chain == each node's path."""
+    n = 40
+    rng = np.random.default_rng([7, p])
+    r2t = jnp.asarray(make_req_to_token(B, w, G, seed=5))
+    kp, vp = _pools(rng, jnp.bfloat16, r2t, w, p)
+    q, k, v = _fresh(rng, jnp.bfloat16, n)
+    run = jax.jit(lambda *a: _attend("triton", True, *a))
+
+    def extend(lo, hi, kpool, vpool, length=None):
+        meta = pipeline.prefill_metadata(jnp.full((B,), hi - lo if length is None else length, jnp.int32), r2t,
+                                         hi - lo, page_size=G, prefix_lens=jnp.full((B,), p + lo, jnp.int32))
+        return run(q[:, lo:hi], k[:, lo:hi], v[:, lo:hi], kpool, vpool, meta)
+
+    whole = np.asarray(extend(0, n, kp, vp)[0])
+    first, kp1, vp1 = extend(0, 17, kp, vp)
+    second, kp2, vp2 = extend(17, n, kp1, vp1)
+    assert (np.concatenate([np.asarray(first), np.asarray(second)], 1) == whole).all()
+    kpj, vpj = extend(0, n - 3, kp, vp)[1:]
+    for j in range(n - 3, n):
+        meta = pipeline.decode_metadata(jnp.full((B,), p + j, jnp.int32), r2t, page_size=G)
+        o, kpj, vpj = run(q[:, j:j + 1], k[:, j:j + 1], v[:, j:j + 1], kpj, vpj, meta)
+        assert (np.asarray(o)[:, 0] == whole[:, j]).all(), f"decode of token {j}"
+    padded = np.asarray(extend(0, 20, kp, vp, length=13)[0])  # 7 padding rows write to the dummy page
+    assert (padded[:, :13] == whole[:, :13]).all()
+    # 24 fresh tokens: a chain of 12, then two branches of 6 from its end (query blocks 0-15 and 16-23 mix them)
+    parent = list(range(-1, 11)) + [11, 12, 13, 14, 15, 16] + [11, 18, 19, 20, 21, 22]
+    depth = np.zeros(24, np.int32)
+    mask = np.zeros((24, 24), bool)
+    for i in range(24):
+        a = i
+        while a >= 0:
+            mask[i, a] = True
+            depth[i] += a != i
+            a = parent[a]
+    slots = np.asarray(r2t)[:, p:p + 24]
+    tree_meta = AttentionMetadata(
+        positions=jnp.asarray(np.broadcast_to(p + depth, (B, 24)), jnp.int32),
+        qmask=jnp.asarray(np.broadcast_to(mask, (B, 24, 24))), prefix_lens=jnp.full((B,), p, jnp.int32),
+        page_table=page_table_from_req_to_token(r2t, G), write_locs=jnp.asarray(slots), page_size=G)
+    tree = np.asarray(run(q[:, :24], k[:, :24], v[:, :24], kp, vp, tree_meta)[0])
+    for i in (5, 11, 17, 23):
+        path = np.flatnonzero(mask[i])
+        meta = pipeline.prefill_metadata(jnp.full((B,), len(path), jnp.int32), r2t, len(path), page_size=G,
+                                         prefix_lens=jnp.full((B,), p, jnp.int32))
+        out = np.asarray(run(q[:, path], k[:, path], v[:, path], kp, vp, meta)[0])
+        assert (out[:, -1] == tree[:, i]).all(), f"node {i}"
+
+
 # ------------------------------------------------------------------------------------------------ the engine
 
 

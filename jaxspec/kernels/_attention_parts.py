@@ -176,15 +176,18 @@ def online_softmax_init(rows: int, cols: int):
 
 
 def online_softmax_step(carry, q, k, v, ok, scale, prec):
-    """One key block of a flash-attention walk inside a Triton kernel: ``q [R, E]``, ``k, v [T, E]``, ``ok bool[T]``
-    (the keys that count), ``scale`` (the softmax scale times ``LOG2E``: base-2 logits) -> the new ``(acc, m, l)``.
-    The softmax weights meet ``v`` in ``v``'s dtype, accumulated in float32."""
+    """One key block of a flash-attention walk inside a Triton kernel: ``q [R, E]``, ``k, v [T, E]``, ``ok``
+    (the keys that count: ``bool[T]`` for every row, or ``bool[R, T]`` per row), ``scale`` (the softmax scale
+    times ``LOG2E``: base-2 logits) -> the new ``(acc, m, l)``. The softmax weights meet ``v`` in ``v``'s dtype,
+    accumulated in float32. A row that has seen no key yet and sees none here stays ``(0, -inf, 0)``; a row
+    with a finite max that sees none here is left exactly as it was (its weights are 0, its scale 1)."""
     acc, m, l = carry
     sc = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), precision=prec, preferred_element_type=jnp.float32)
-    sc = jnp.where(ok[None, :], sc * scale, -jnp.inf)
+    sc = jnp.where(ok if ok.ndim == 2 else ok[None, :], sc * scale, -jnp.inf)
     m_new = jnp.maximum(m, jnp.max(sc, axis=1))
-    p = jnp.exp2(sc - m_new[:, None])
-    alpha = jnp.exp2(m - m_new)
+    m_use = jnp.where(m_new == -jnp.inf, 0.0, m_new)  # no key so far: exp2(-inf - 0) = 0, never -inf - -inf
+    p = jnp.exp2(sc - m_use[:, None])
+    alpha = jnp.exp2(m - m_use)
     l = l * alpha + jnp.sum(p, axis=1)
     acc = acc * alpha[:, None] + jax.lax.dot_general(
         p.astype(v.dtype), v, (((1,), (0,)), ((), ())), precision=prec, preferred_element_type=jnp.float32)

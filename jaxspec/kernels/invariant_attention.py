@@ -48,7 +48,7 @@ from jaxspec.kernels.ordered_sum import BLOCK, ordered_sum
 
 KEY_BLOCK = 64  # key positions per step of the Triton kernel
 KEY_SPLIT = 256  # key positions per program of the Triton kernel's first pass (a multiple of KEY_BLOCK)
-MIN_ROWS = 16  # Triton dots need at least 16 rows
+TILE_ROWS = 64  # rows of the Triton kernel's query tile: a block of queries x their (padded) heads
 
 __all__ = ["KEY_BLOCK", "KEY_SPLIT", "invariant_attention", "resolve_invariant_attention"]
 
@@ -112,110 +112,162 @@ def _reference(q, k_one, v_one, page_table, prefix_lens, positions, qmask, write
     return out.reshape(b, nq, hq, e).astype(q.dtype)
 
 
-def _kernel(lay_ref, pt_ref, pre_ref, pos_ref, fat_ref, has_ref, q_ref, k_ref, v_ref, acc_ref, ml_ref, *,
-            page_size, num_pages, num_slots, width, nq, grp, num_kv, rows, head_dim, scale, layered):
-    """First pass: one program per (request, query, KV head, split) walks the query's keys of positions
-    ``[split * KEY_SPLIT, (split + 1) * KEY_SPLIT)`` that are ``<= `` its own, and stores its partial softmax
-    (``acc``, the running max ``m`` and sum ``l``; ``m = -inf, l = 0`` for a split past the query)."""
-    b, i, h, sp = pl.program_id(0), pl.program_id(1), pl.program_id(2), pl.program_id(3)
+def _query_blocks(fresh_at, has, num_slots, bq):
+    """Per block of ``bq`` queries and depth past the prefix: ``(canon i32[B, Qb, Q], conflict i32[B, Qb, Q])``,
+    the pool slot the block's queries see at that depth (-1: none) and whether two of them see different
+    tokens there (a tree's branches). ``has`` comes back restricted to slots inside the pool (a fresh slot
+    outside it, a padding token's, is never read). Queries are padded to ``Qb * bq`` (seeing nothing)."""
+    b, nq, _ = fresh_at.shape
+    nqb = cdiv(nq, bq)
+    has = has & (fresh_at >= 0) & (fresh_at < num_slots)
+    pad = ((0, 0), (0, nqb * bq - nq), (0, 0))
+    fat, seen = jnp.pad(fresh_at, pad), jnp.pad(has, pad)
+    blk_fat, blk_seen = fat.reshape(b, nqb, bq, nq), seen.reshape(b, nqb, bq, nq)
+    canon = jnp.max(jnp.where(blk_seen, blk_fat, -1), axis=2)
+    conflict = jnp.any(blk_seen & (blk_fat != canon[:, :, None]), axis=2)
+    return fat, seen, canon, conflict
+
+
+def _kernel(lay_ref, pt_ref, pre_ref, pos_ref, fat_ref, has_ref, canon_ref, conf_ref, q_ref, k_ref, v_ref, acc_ref,
+            ml_ref, *, page_size, num_pages, num_slots, width, nq, grp, grp_pad, bq, num_kv, rows, head_dim, scale,
+            layered):
+    """First pass: one program per (request, block of ``bq`` queries, KV head, split) walks the keys of
+    positions ``[split * KEY_SPLIT, (split + 1) * KEY_SPLIT)`` in blocks of ``KEY_BLOCK``, one ``[rows, E]``
+    tile of the block's queries x their heads (row ``r``: query ``r // grp_pad``, head ``r % grp_pad``) against
+    one ``[KEY_BLOCK, E]`` key tile; each row counts only the keys its query sees (``<=`` its position, in the
+    prefix or on its path), so its arithmetic is the same whichever queries share the tile (a score or value
+    product reads only its own row and its key's column; keys it does not see weigh exactly 0). Where the
+    block's queries see different fresh tokens at the same position (a tree's branches), that key block is
+    walked once per query, each pass counting that query's rows only. Stores the partial softmax (``acc``,
+    the running max ``m`` and sum ``l``; ``m = -inf, l = 0`` for a split past the query)."""
+    b, qb, h, sp = pl.program_id(0), pl.program_id(1), pl.program_id(2), pl.program_id(3)
     g = page_size
     n_pre = pre_ref[b]
-    last = pos_ref[b, i]  # the query's own position: it sees the keys 0..last
     e_pad = next_pow2(head_dim)
     c = jnp.arange(e_pad, dtype=jnp.int32)
     col = c < head_dim
     r = jnp.arange(rows, dtype=jnp.int32)
-    row_ok = r < grp
-    heads = h * grp + jnp.minimum(r, grp - 1)
-    q = load(q_ref.at[b, i, heads[:, None], c[None, :]], mask=row_ok[:, None] & col[None, :], other=0)
+    qi, hh = r // grp_pad, r % grp_pad
+    qrow = qb * bq + qi  # < the padded query count
+    row_ok = (hh < grp) & (qrow < nq)
+    last = jnp.where(row_ok, load(pos_ref.at[b, qrow]), -1)  # a query sees the keys 0..its position
+    heads = h * grp + jnp.minimum(hh, grp - 1)
+    q = load(q_ref.at[b, jnp.minimum(qrow, nq - 1)[:, None], heads[:, None], c[None, :]],
+             mask=row_ok[:, None] & col[None, :], other=0)
     j = jnp.arange(KEY_BLOCK, dtype=jnp.int32)
     lay = lay_ref[0]
     prec = jax.lax.Precision.HIGHEST if q.dtype == jnp.float32 else None
     first = sp * (KEY_SPLIT // KEY_BLOCK)  # the split's first key block
 
+    def kv(slot, need):
+        idx = (jnp.clip(slot, 0, num_slots - 1)[:, None], h, c[None, :])
+        kv_mask = need[:, None] & col[None, :]
+        return (load(k_ref.at[(lay, *idx) if layered else idx], mask=kv_mask, other=0),
+                load(v_ref.at[(lay, *idx) if layered else idx], mask=kv_mask, other=0))
+
     def step(t, carry):
         kp = (first + t) * KEY_BLOCK + j
         in_pre = kp < n_pre
         off = kp - n_pre
+        fresh = (off >= 0) & (off < nq)
         d = jnp.clip(off, 0, nq - 1)
         page = load(pt_ref.at[b, jnp.clip(kp // g, 0, width - 1)], mask=in_pre, other=0)
         pre_slot = jnp.clip(page, 0, num_pages - 1) * g + kp % g
-        fresh_slot = load(fat_ref.at[b, i, d])
-        fresh_ok = load(has_ref.at[b, i, d]) != 0
-        slot = jnp.where(in_pre, pre_slot, fresh_slot)
-        # a fresh slot outside the pool (a padding query's, which writes nothing) is never read
-        ok = (in_pre | ((off >= 0) & (off < nq) & fresh_ok & (slot >= 0) & (slot < num_slots))) & (kp <= last)
-        slot = jnp.clip(slot, 0, num_slots - 1)
-        idx = (slot[:, None], h, c[None, :])
-        kv_mask = ok[:, None] & col[None, :]
-        k = load(k_ref.at[(lay, *idx) if layered else idx], mask=kv_mask, other=0)
-        v = load(v_ref.at[(lay, *idx) if layered else idx], mask=kv_mask, other=0)
-        return online_softmax_step(carry, q, k, v, ok, scale, prec)
+        seen = load(has_ref.at[b, qrow[:, None], d[None, :]], mask=row_ok[:, None] & fresh[None, :], other=0)
+        ok = (in_pre[None, :] | (seen != 0)) & (kp[None, :] <= last[:, None]) & row_ok[:, None]  # [rows, KEY_BLOCK]
+        split = jnp.max(load(conf_ref.at[b, qb, d], mask=fresh, other=0)) > 0
 
-    # the split's blocks up to the one holding `last` (none for a split past it)
-    blocks = jnp.clip((last + KEY_BLOCK) // KEY_BLOCK - first, 0, KEY_SPLIT // KEY_BLOCK)
+        def shared(carry):  # every query of the block sees the same token at each position
+            slot = jnp.where(in_pre, pre_slot, load(canon_ref.at[b, qb, d], mask=fresh, other=0))
+            k, v = kv(slot, jnp.max(ok.astype(jnp.int32), axis=0) > 0)
+            return online_softmax_step(carry, q, k, v, ok, scale, prec)
+
+        def per_query(carry):
+            def one(u, carry):
+                mine = ok & (qi == u)[:, None]
+                slot = jnp.where(in_pre, pre_slot, load(fat_ref.at[b, qb * bq + u, d], mask=fresh, other=0))
+                k, v = kv(slot, jnp.max(mine.astype(jnp.int32), axis=0) > 0)
+                return online_softmax_step(carry, q, k, v, mine, scale, prec)
+            return jax.lax.fori_loop(0, bq, one, carry)
+
+        return jax.lax.cond(split, per_query, shared, carry)
+
+    # the split's blocks up to the one holding the block's last position (none for a split past it)
+    top = jnp.max(last)
+    blocks = jnp.clip((top + KEY_BLOCK) // KEY_BLOCK - first, 0, KEY_SPLIT // KEY_BLOCK)
     acc, m, l = jax.lax.fori_loop(0, blocks, step, online_softmax_init(rows, e_pad))
-    # the query's own heads only (rows past them park on an out-of-range head, masked)
-    dest = jnp.where(row_ok, h * grp + r, grp * num_kv)
-    store(acc_ref.at[b, i, sp, dest[:, None], c[None, :]], acc, mask=row_ok[:, None])
-    store(ml_ref.at[b, i, sp, 0, dest], m, mask=row_ok)
-    store(ml_ref.at[b, i, sp, 1, dest], l, mask=row_ok)
+    # the block's own queries and heads only (other rows park on an out-of-range head, masked)
+    dest = jnp.where(row_ok, h * grp + hh, grp * num_kv)
+    store(acc_ref.at[b, qrow[:, None], sp, dest[:, None], c[None, :]], acc, mask=row_ok[:, None])
+    store(ml_ref.at[b, qrow, sp, 0, dest], m, mask=row_ok)
+    store(ml_ref.at[b, qrow, sp, 1, dest], l, mask=row_ok)
 
 
-def _merge_kernel(acc_ref, ml_ref, o_ref, *, splits, grp, rows, head_dim, num_kv):
-    """Second pass: one program per (request, query, KV head) merges the splits' partials in split order:
-    ``out = sum_s 2**(m_s - M) acc_s / sum_s 2**(m_s - M) l_s`` with ``M = max_s m_s`` (a split past the query
-    adds exact zeros, so the context's width never reaches the result)."""
-    b, i, h = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+def _merge_kernel(acc_ref, ml_ref, o_ref, *, splits, nq, grp, grp_pad, bq, rows, head_dim, num_kv):
+    """Second pass: one program per (request, block of queries, KV head) merges each row's splits in split
+    order: ``out = sum_s 2**(m_s - M) acc_s / sum_s 2**(m_s - M) l_s`` with ``M = max_s m_s`` (a split past the
+    query adds exact zeros, so the context's width never reaches the result). Row by row: a row's result does
+    not depend on the others of its tile."""
+    b, qb, h = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     e_pad = next_pow2(head_dim)
     c = jnp.arange(e_pad, dtype=jnp.int32)
     r = jnp.arange(rows, dtype=jnp.int32)
-    row_ok = r < grp
-    heads = h * grp + jnp.minimum(r, grp - 1)
-    top = load(ml_ref.at[b, i, 0, 0, heads])
+    qi, hh = r // grp_pad, r % grp_pad
+    qrow = qb * bq + qi
+    row_ok = (hh < grp) & (qrow < nq)
+    heads = h * grp + jnp.minimum(hh, grp - 1)
+    top = load(ml_ref.at[b, qrow, 0, 0, heads])
     for sp in range(1, splits):  # the max is exact in any order
-        top = jnp.maximum(top, load(ml_ref.at[b, i, sp, 0, heads]))
+        top = jnp.maximum(top, load(ml_ref.at[b, qrow, sp, 0, heads]))
+    top = jnp.where(top == -jnp.inf, 0.0, top)  # a row that sees nothing (a padding query): weights 0
     num = jnp.zeros((rows, e_pad), jnp.float32)
     den = jnp.zeros((rows,), jnp.float32)
     for sp in range(splits):  # split order, written out
-        w = jnp.exp2(load(ml_ref.at[b, i, sp, 0, heads]) - top)
-        den = den + load(ml_ref.at[b, i, sp, 1, heads]) * w
-        num = num + load(acc_ref.at[b, i, sp, heads[:, None], c[None, :]]) * w[:, None]
-    out = (num / den[:, None]).astype(o_ref.dtype)
-    # masked-off rows park on an out-of-range head (interpreted, a masked lane still writes its old value back)
-    dest = jnp.where(row_ok, h * grp + r, grp * num_kv)
-    store(o_ref.at[b, i, dest[:, None], c[None, :]], out, mask=row_ok[:, None] & (c < head_dim)[None, :])
+        w = jnp.exp2(load(ml_ref.at[b, qrow, sp, 0, heads]) - top)
+        den = den + load(ml_ref.at[b, qrow, sp, 1, heads]) * w
+        num = num + load(acc_ref.at[b, qrow[:, None], sp, heads[:, None], c[None, :]]) * w[:, None]
+    out = jnp.where(den[:, None] > 0, num / jnp.where(den > 0, den, 1.0)[:, None], 0.0).astype(o_ref.dtype)
+    # other rows park on an out-of-range head (interpreted, a masked lane still writes its old value back)
+    dest = jnp.where(row_ok, h * grp + hh, grp * num_kv)
+    store(o_ref.at[b, jnp.minimum(qrow, nq - 1)[:, None], dest[:, None], c[None, :]], out,
+          mask=row_ok[:, None] & (c < head_dim)[None, :])
 
 
 def _triton(q, k_pool, v_pool, layer, page_table, prefix_lens, positions, qmask, write_locs, *, page_size,
             sm_scale, interpret):
     b, nq, hq, e = q.shape
     hkv = k_pool.shape[-2]
+    num_slots = k_pool.shape[-3]
     grp = hq // hkv
-    fresh_at, has = _fresh_at(prefix_lens, positions, qmask, write_locs)
+    grp_pad, e_pad = next_pow2(grp), next_pow2(e)
+    rows = max(TILE_ROWS, grp_pad)
+    bq = rows // grp_pad  # queries per program
+    nqb = cdiv(nq, bq)
+    fat, seen, canon, conflict = _query_blocks(*_fresh_at(prefix_lens, positions, qmask, write_locs), num_slots, bq)
+    pos = jnp.pad(positions, ((0, 0), (0, nqb * bq - nq)), constant_values=-1)
     layered = layer is not None
     lay = jnp.reshape(jnp.asarray(0 if layer is None else layer, jnp.int32), (1,))
-    rows, e_pad = max(MIN_ROWS, next_pow2(grp)), next_pow2(e)
     # every key a query can see lies below the page table's reach or among the fresh tokens
     splits = cdiv(page_table.shape[1] * page_size + nq, KEY_SPLIT)
+    geometry = dict(grp=grp, grp_pad=grp_pad, bq=bq, rows=rows, head_dim=e, num_kv=hkv)
     kernel = functools.partial(
-        _kernel, page_size=page_size, num_pages=k_pool.shape[-3] // page_size, num_slots=k_pool.shape[-3],
-        width=page_table.shape[1], nq=nq,
-        grp=grp, num_kv=hkv, rows=rows, head_dim=e, scale=float(sm_scale * LOG2E), layered=layered)
+        _kernel, page_size=page_size, num_pages=num_slots // page_size, num_slots=num_slots,
+        width=page_table.shape[1], nq=nq, scale=float(sm_scale * LOG2E), layered=layered, **geometry)
     acc, ml = pl.pallas_call(
         kernel,
-        out_shape=(jax.ShapeDtypeStruct((b, nq, splits, hq, e_pad), jnp.float32),
-                   jax.ShapeDtypeStruct((b, nq, splits, 2, hq), jnp.float32)),
-        grid=(b, nq, hkv, splits),
+        out_shape=(jax.ShapeDtypeStruct((b, nqb * bq, splits, hq, e_pad), jnp.float32),
+                   jax.ShapeDtypeStruct((b, nqb * bq, splits, 2, hq), jnp.float32)),
+        grid=(b, nqb, hkv, splits),
         interpret=interpret,
         compiler_params=compiler_params(num_warps=4, num_stages=2),
         name=f"invariant_attention_g{page_size}",
-    )(lay, page_table, prefix_lens, positions, fresh_at, has.astype(jnp.int32), q, k_pool, v_pool)
-    merge = functools.partial(_merge_kernel, splits=splits, grp=grp, rows=rows, head_dim=e, num_kv=hkv)
+    )(lay, page_table, prefix_lens, pos, fat, seen.astype(jnp.int32), canon, conflict.astype(jnp.int32), q, k_pool,
+      v_pool)
+    merge = functools.partial(_merge_kernel, splits=splits, nq=nq, **geometry)
     return pl.pallas_call(
         merge,
         out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
-        grid=(b, nq, hkv),
+        grid=(b, nqb, hkv),
         interpret=interpret,
         compiler_params=compiler_params(num_warps=4, num_stages=1),
         name="invariant_attention_merge",
