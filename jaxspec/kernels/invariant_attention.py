@@ -13,18 +13,22 @@ order of additions is written out, so the result for a query at position ``p`` i
 keys ``0..p`` whatever the call: decode, prefill (any chunking), chain or tree verify, alone or in a batch,
 and for any context width (trailing blocks add zero).
 
-The fresh K/V are written to the pool first and read back from it like the prefix. Implementations
-(``implementation=``, resolved like every kernel of ``jaxspec.kernels``):
+The fresh K/V are stored in the pool (one layer, or layer ``layer`` of a stacked pool) and attended to with
+the same values. Implementations (``implementation=``, resolved like every kernel of ``jaxspec.kernels``):
 
 * ``"triton"`` (``"pallas"``; ``"auto"`` on a CUDA GPU): two Pallas Triton kernels. The first has one program
-  per (request, query, KV head, split of ``KEY_SPLIT`` key positions): it walks the query's keys of its split
-  (those ``<= p``) in blocks of ``KEY_BLOCK`` positions, gathering each block through the page table and the
-  query's fresh slots, with an online softmax over a fixed ``[rows, E] x [E, KEY_BLOCK]`` tile (the query's
-  ``Hq / Hkv`` heads, zero rows up to 16). The second merges a query's splits in split order. The splits are
-  fixed logical-position ranges, never chosen by the batch, the query count or the context, so the keys' order
-  and grouping are the query's own: nothing of another query, request or call can reach its arithmetic, and a
-  split past the query adds exact zeros (the parallel splits keep a decode step from walking its whole context
-  in one program).
+  per (request, block of queries (``TILE_ROWS`` rows over the query heads of a KV head), KV head, split of
+  ``KEY_SPLIT`` key positions):
+  it walks the keys of its split in blocks of ``KEY_BLOCK`` positions, the prefix's gathered through the
+  page table, the fresh ones read from ``k_new`` / ``v_new``, with an online softmax over a fixed
+  ``[TILE_ROWS, E] x [E, KEY_BLOCK]`` tile (the block's queries x their heads). A row counts only the keys its
+  query sees, so nothing of the tile's other rows reaches its arithmetic; where a block's queries see
+  different fresh tokens at one position (a tree's branches) that key block is walked once per query. The
+  split-0 programs also store the fresh K/V in the pools (in place). The second kernel merges a query's
+  splits in split order. The splits are fixed logical-position ranges, never chosen by the batch, the query
+  count or the context, so a split past the query adds exact zeros (the parallel splits keep a decode step
+  from walking its whole context in one program, the query blocks keep a prefill chunk from reading its keys
+  once per query).
 * ``"reference"`` (``"auto"`` elsewhere): pure jnp, multiplies and ``ordered_sum``s over the whole context
   (no dot and no XLA reduction, whose order XLA picks by the shape; the max is exact in any order).
 
@@ -53,9 +57,9 @@ TILE_ROWS = 64  # rows of the Triton kernel's query tile: a block of queries x t
 __all__ = ["KEY_BLOCK", "KEY_SPLIT", "invariant_attention", "resolve_invariant_attention"]
 
 
-def _fresh_at(prefix_lens, positions, qmask, fresh_slots):
-    """``(slot i32[B, Q, D], has bool[B, Q, D])``: the pool slot of the fresh token query ``i`` sees at depth
-    ``d`` past the prefix (``has``: there is one).
+def _fresh_at(prefix_lens, positions, qmask, values):
+    """``(value i32[B, Q, D], has bool[B, Q, D])``: ``values[b, j]`` (a pool slot, or the token's index) of the
+    fresh token ``j`` query ``i`` sees at depth ``d`` past the prefix (``has``: there is one).
 
     One scatter-add over the ``[B, Q, Q]`` visibility mask (query ``i`` sees fresh token ``j``: it lands at
     ``j``'s depth), not a ``[B, Q, Q, D]`` comparison: a prefill chunk of ``Q`` = 512 rows would make that
@@ -67,7 +71,7 @@ def _fresh_at(prefix_lens, positions, qmask, fresh_slots):
     cols = jnp.arange(nq, dtype=jnp.int32)[None, :, None]
     at = (rows, cols, jnp.broadcast_to(jnp.clip(depth, 0, nq - 1)[:, None, :], (b, nq, nq)))
     zero = jnp.zeros((b, nq, nq), jnp.int32)
-    slot = zero.at[at].add(jnp.where(on, fresh_slots[:, None, :], 0), mode="drop")
+    slot = zero.at[at].add(jnp.where(on, values[:, None, :], 0), mode="drop")
     count = zero.at[at].add(on.astype(jnp.int32), mode="drop")
     return slot, count > 0
 
@@ -112,40 +116,63 @@ def _reference(q, k_one, v_one, page_table, prefix_lens, positions, qmask, write
     return out.reshape(b, nq, hq, e).astype(q.dtype)
 
 
-def _query_blocks(fresh_at, has, num_slots, bq):
-    """Per block of ``bq`` queries and depth past the prefix: ``(canon i32[B, Qb, Q], conflict i32[B, Qb, Q])``,
-    the pool slot the block's queries see at that depth (-1: none) and whether two of them see different
-    tokens there (a tree's branches). ``has`` comes back restricted to slots inside the pool (a fresh slot
-    outside it, a padding token's, is never read). Queries are padded to ``Qb * bq`` (seeing nothing)."""
-    b, nq, _ = fresh_at.shape
+def _query_blocks(prefix_lens, positions, qmask, write_locs, num_slots, bq):
+    """Which fresh token each query sees at each depth past the prefix, per block of ``bq`` queries:
+    ``(token i32[B, Qp, Q], has bool[B, Qp, Q], canon i32[B, Qb, Q], conflict bool[B, Qb, Q])`` with ``Qp = Qb *
+    bq`` (padding queries see nothing): the token (its index among the fresh ones), whether there is one,
+    the token the block's queries see there (-1: none) and whether two of them see different ones (a tree's
+    branches). A token whose write slot lies outside the pool (a padding token's) is seen by nobody."""
+    b, nq = positions.shape
     nqb = cdiv(nq, bq)
-    has = has & (fresh_at >= 0) & (fresh_at < num_slots)
+    token, has = _fresh_at(prefix_lens, positions, qmask, jnp.broadcast_to(jnp.arange(nq, dtype=jnp.int32), (b, nq)))
+    slot = jnp.take_along_axis(write_locs, token.reshape(b, -1), axis=1).reshape(token.shape)
+    has = has & (slot >= 0) & (slot < num_slots)
     pad = ((0, 0), (0, nqb * bq - nq), (0, 0))
-    fat, seen = jnp.pad(fresh_at, pad), jnp.pad(has, pad)
-    blk_fat, blk_seen = fat.reshape(b, nqb, bq, nq), seen.reshape(b, nqb, bq, nq)
-    canon = jnp.max(jnp.where(blk_seen, blk_fat, -1), axis=2)
-    conflict = jnp.any(blk_seen & (blk_fat != canon[:, :, None]), axis=2)
-    return fat, seen, canon, conflict
+    token, has = jnp.pad(token, pad), jnp.pad(has, pad)
+    blk_token, blk_has = token.reshape(b, nqb, bq, nq), has.reshape(b, nqb, bq, nq)
+    canon = jnp.max(jnp.where(blk_has, blk_token, -1), axis=2)
+    conflict = jnp.any(blk_has & (blk_token != canon[:, :, None]), axis=2)
+    return token, has, canon, conflict
 
 
-def _kernel(lay_ref, pt_ref, pre_ref, pos_ref, fat_ref, has_ref, canon_ref, conf_ref, q_ref, k_ref, v_ref, acc_ref,
-            ml_ref, *, page_size, num_pages, num_slots, width, nq, grp, grp_pad, bq, num_kv, rows, head_dim, scale,
-            layered):
+def _kernel(lay_ref, pt_ref, pre_ref, pos_ref, wl_ref, tok_ref, has_ref, canon_ref, conf_ref, q_ref, kn_ref, vn_ref,
+            k_ref, v_ref, acc_ref, ml_ref, k_out, v_out, *, page_size, num_pages, num_slots, width, nq, grp, grp_pad, bq,
+            num_kv, rows, head_dim, scale, layered):
     """First pass: one program per (request, block of ``bq`` queries, KV head, split) walks the keys of
     positions ``[split * KEY_SPLIT, (split + 1) * KEY_SPLIT)`` in blocks of ``KEY_BLOCK``, one ``[rows, E]``
     tile of the block's queries x their heads (row ``r``: query ``r // grp_pad``, head ``r % grp_pad``) against
-    one ``[KEY_BLOCK, E]`` key tile; each row counts only the keys its query sees (``<=`` its position, in the
-    prefix or on its path), so its arithmetic is the same whichever queries share the tile (a score or value
-    product reads only its own row and its key's column; keys it does not see weigh exactly 0). Where the
-    block's queries see different fresh tokens at the same position (a tree's branches), that key block is
+    one ``[KEY_BLOCK, E]`` key tile: the prefix's keys from the pool, the fresh ones from ``k_new`` (the same
+    values the pool holds once written). Each row counts only the keys its query sees (``<=`` its position,
+    in the prefix or on its path), so its arithmetic is the same whichever queries share the tile (a score or
+    value product reads only its own row and its key's column; keys it does not see weigh exactly 0). Where
+    the block's queries see different fresh tokens at one position (a tree's branches), that key block is
     walked once per query, each pass counting that query's rows only. Stores the partial softmax (``acc``,
-    the running max ``m`` and sum ``l``; ``m = -inf, l = 0`` for a split past the query)."""
+    the running max ``m`` and sum ``l``; ``m = -inf, l = 0`` for a split past the query). The split-0
+    program also writes its queries' fresh K/V of its head into the pools (in place): slots past every
+    prefix, so no program reads what another writes."""
     b, qb, h, sp = pl.program_id(0), pl.program_id(1), pl.program_id(2), pl.program_id(3)
     g = page_size
     n_pre = pre_ref[b]
     e_pad = next_pow2(head_dim)
     c = jnp.arange(e_pad, dtype=jnp.int32)
     col = c < head_dim
+    lay = lay_ref[0]
+
+    def pool(ref, slot):  # ref.at[slot rows, head h, every column]
+        idx = (slot[:, None], h, c[None, :])
+        return ref.at[(lay, *idx) if layered else idx]
+
+    @pl.when(sp == 0)
+    def _write():
+        qs = qb * bq + jnp.arange(bq, dtype=jnp.int32)
+        src = jnp.minimum(qs, nq - 1)
+        slot = load(wl_ref.at[b, src], mask=qs < nq, other=-1)
+        ok = (qs < nq) & (slot >= 0) & (slot < num_slots)
+        dest = jnp.where(ok, slot, num_slots)  # masked lanes park past the pool (interpreted, they write back)
+        mask = ok[:, None] & col[None, :]
+        store(pool(k_out, dest), load(kn_ref.at[b, src[:, None], h, c[None, :]], mask=mask, other=0), mask=mask)
+        store(pool(v_out, dest), load(vn_ref.at[b, src[:, None], h, c[None, :]], mask=mask, other=0), mask=mask)
+
     r = jnp.arange(rows, dtype=jnp.int32)
     qi, hh = r // grp_pad, r % grp_pad
     qrow = qb * bq + qi  # < the padded query count
@@ -155,15 +182,8 @@ def _kernel(lay_ref, pt_ref, pre_ref, pos_ref, fat_ref, has_ref, canon_ref, conf
     q = load(q_ref.at[b, jnp.minimum(qrow, nq - 1)[:, None], heads[:, None], c[None, :]],
              mask=row_ok[:, None] & col[None, :], other=0)
     j = jnp.arange(KEY_BLOCK, dtype=jnp.int32)
-    lay = lay_ref[0]
     prec = jax.lax.Precision.HIGHEST if q.dtype == jnp.float32 else None
     first = sp * (KEY_SPLIT // KEY_BLOCK)  # the split's first key block
-
-    def kv(slot, need):
-        idx = (jnp.clip(slot, 0, num_slots - 1)[:, None], h, c[None, :])
-        kv_mask = need[:, None] & col[None, :]
-        return (load(k_ref.at[(lay, *idx) if layered else idx], mask=kv_mask, other=0),
-                load(v_ref.at[(lay, *idx) if layered else idx], mask=kv_mask, other=0))
 
     def step(t, carry):
         kp = (first + t) * KEY_BLOCK + j
@@ -177,17 +197,21 @@ def _kernel(lay_ref, pt_ref, pre_ref, pos_ref, fat_ref, has_ref, canon_ref, conf
         ok = (in_pre[None, :] | (seen != 0)) & (kp[None, :] <= last[:, None]) & row_ok[:, None]  # [rows, KEY_BLOCK]
         split = jnp.max(load(conf_ref.at[b, qb, d], mask=fresh, other=0)) > 0
 
+        def keys(carry, token, counted):  # the key tile: the prefix from the pool, fresh tokens from k_new / v_new
+            need = jnp.max(counted.astype(jnp.int32), axis=0) > 0
+            pre = (need & in_pre)[:, None] & col[None, :]
+            new = (need & ~in_pre)[:, None] & col[None, :]
+            at = (b, jnp.clip(token, 0, nq - 1)[:, None], h, c[None, :])
+            k = jnp.where(pre, load(pool(k_ref, pre_slot), mask=pre, other=0), load(kn_ref.at[at], mask=new, other=0))
+            v = jnp.where(pre, load(pool(v_ref, pre_slot), mask=pre, other=0), load(vn_ref.at[at], mask=new, other=0))
+            return online_softmax_step(carry, q, k, v, counted, scale, prec)
+
         def shared(carry):  # every query of the block sees the same token at each position
-            slot = jnp.where(in_pre, pre_slot, load(canon_ref.at[b, qb, d], mask=fresh, other=0))
-            k, v = kv(slot, jnp.max(ok.astype(jnp.int32), axis=0) > 0)
-            return online_softmax_step(carry, q, k, v, ok, scale, prec)
+            return keys(carry, load(canon_ref.at[b, qb, d], mask=fresh, other=0), ok)
 
         def per_query(carry):
             def one(u, carry):
-                mine = ok & (qi == u)[:, None]
-                slot = jnp.where(in_pre, pre_slot, load(fat_ref.at[b, qb * bq + u, d], mask=fresh, other=0))
-                k, v = kv(slot, jnp.max(mine.astype(jnp.int32), axis=0) > 0)
-                return online_softmax_step(carry, q, k, v, mine, scale, prec)
+                return keys(carry, load(tok_ref.at[b, qb * bq + u, d], mask=fresh, other=0), ok & (qi == u)[:, None])
             return jax.lax.fori_loop(0, bq, one, carry)
 
         return jax.lax.cond(split, per_query, shared, carry)
@@ -233,8 +257,8 @@ def _merge_kernel(acc_ref, ml_ref, o_ref, *, splits, nq, grp, grp_pad, bq, rows,
           mask=row_ok[:, None] & (c < head_dim)[None, :])
 
 
-def _triton(q, k_pool, v_pool, layer, page_table, prefix_lens, positions, qmask, write_locs, *, page_size,
-            sm_scale, interpret):
+def _triton(q, k_new, v_new, k_pool, v_pool, layer, page_table, prefix_lens, positions, qmask, write_locs, *,
+            page_size, sm_scale, interpret):
     b, nq, hq, e = q.shape
     hkv = k_pool.shape[-2]
     num_slots = k_pool.shape[-3]
@@ -243,7 +267,7 @@ def _triton(q, k_pool, v_pool, layer, page_table, prefix_lens, positions, qmask,
     rows = max(TILE_ROWS, grp_pad)
     bq = rows // grp_pad  # queries per program
     nqb = cdiv(nq, bq)
-    fat, seen, canon, conflict = _query_blocks(*_fresh_at(prefix_lens, positions, qmask, write_locs), num_slots, bq)
+    token, has, canon, conflict = _query_blocks(prefix_lens, positions, qmask, write_locs, num_slots, bq)
     pos = jnp.pad(positions, ((0, 0), (0, nqb * bq - nq)), constant_values=-1)
     layered = layer is not None
     lay = jnp.reshape(jnp.asarray(0 if layer is None else layer, jnp.int32), (1,))
@@ -253,18 +277,21 @@ def _triton(q, k_pool, v_pool, layer, page_table, prefix_lens, positions, qmask,
     kernel = functools.partial(
         _kernel, page_size=page_size, num_pages=num_slots // page_size, num_slots=num_slots,
         width=page_table.shape[1], nq=nq, scale=float(sm_scale * LOG2E), layered=layered, **geometry)
-    acc, ml = pl.pallas_call(
+    args = (lay, page_table, prefix_lens, pos, write_locs, token, has.astype(jnp.int32), canon,
+            conflict.astype(jnp.int32), q, k_new.astype(k_pool.dtype), v_new.astype(v_pool.dtype), k_pool, v_pool)
+    acc, ml, k_pool, v_pool = pl.pallas_call(
         kernel,
         out_shape=(jax.ShapeDtypeStruct((b, nqb * bq, splits, hq, e_pad), jnp.float32),
-                   jax.ShapeDtypeStruct((b, nqb * bq, splits, 2, hq), jnp.float32)),
+                   jax.ShapeDtypeStruct((b, nqb * bq, splits, 2, hq), jnp.float32),
+                   jax.ShapeDtypeStruct(k_pool.shape, k_pool.dtype), jax.ShapeDtypeStruct(v_pool.shape, v_pool.dtype)),
         grid=(b, nqb, hkv, splits),
+        input_output_aliases={len(args) - 2: 2, len(args) - 1: 3},
         interpret=interpret,
         compiler_params=compiler_params(num_warps=4, num_stages=2),
         name=f"invariant_attention_g{page_size}",
-    )(lay, page_table, prefix_lens, pos, fat, seen.astype(jnp.int32), canon, conflict.astype(jnp.int32), q, k_pool,
-      v_pool)
+    )(*args)
     merge = functools.partial(_merge_kernel, splits=splits, nq=nq, **geometry)
-    return pl.pallas_call(
+    out = pl.pallas_call(
         merge,
         out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
         grid=(b, nqb, hkv),
@@ -272,6 +299,7 @@ def _triton(q, k_pool, v_pool, layer, page_table, prefix_lens, positions, qmask,
         compiler_params=compiler_params(num_warps=4, num_stages=1),
         name="invariant_attention_merge",
     )(acc, ml)
+    return out, k_pool, v_pool
 
 
 def _check(q, k_new, k_pool, page_table, prefix_lens, positions, qmask, write_locs, layer):
@@ -311,12 +339,11 @@ def invariant_attention(q, k_new, v_new, k_pool, v_pool, page_table, prefix_lens
     k_pool, v_pool)``. Softmax and sums in float32. Jittable (traced inside the caller's jit)."""
     _check(q, k_new, k_pool, page_table, prefix_lens, positions, qmask, write_locs, layer)
     impl = resolve_invariant_attention(implementation, interpret)
-    k_pool, v_pool = write_fresh_kv(k_pool, v_pool, layer, write_locs.reshape(-1), k_new, v_new)
     kw = dict(page_size=page_size, sm_scale=sm_scale)
-    if impl == "triton":
-        out = _triton(q, k_pool, v_pool, layer, page_table, prefix_lens, positions, qmask, write_locs,
-                      interpret=interpret, **kw)
-    else:
-        k_one, v_one = one_layer(k_pool, v_pool, layer)
-        out = _reference(q, k_one, v_one, page_table, prefix_lens, positions, qmask, write_locs, **kw)
+    if impl == "triton":  # the kernel writes the fresh K/V itself
+        return _triton(q, k_new, v_new, k_pool, v_pool, layer, page_table, prefix_lens, positions, qmask,
+                       write_locs, interpret=interpret, **kw)
+    k_pool, v_pool = write_fresh_kv(k_pool, v_pool, layer, write_locs.reshape(-1), k_new, v_new)
+    k_one, v_one = one_layer(k_pool, v_pool, layer)
+    out = _reference(q, k_one, v_one, page_table, prefix_lens, positions, qmask, write_locs, **kw)
     return out, k_pool, v_pool
