@@ -320,9 +320,10 @@ def test_serve_cli_passes_the_mode_to_the_engine():
 
 
 @pytest.mark.parametrize("impl,interpret", IMPLS)
-def test_invariant_matmul_rms_norm_prologue(impl, interpret):
-    """``norm_weight`` / ``norm_eps``: RMSNorm, then the product (float32 weights: the normed rows are not
-    rounded, so the float32 tolerance holds); each row alone equals the row among others."""
+def test_invariant_matmul_fused_rms_norm(impl, interpret):
+    """``norm_weight`` / ``norm_eps``: RMSNorm fused into the product equals RMSNorm, then the product
+    (float32 weights: the weighted rows are not rounded, so the float32 tolerance holds); each row alone
+    equals the row among others."""
     rng = np.random.default_rng(11)
     k, n = 160, 48
     w = jnp.asarray(rng.standard_normal((k, n)), jnp.float32)

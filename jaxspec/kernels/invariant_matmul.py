@@ -63,17 +63,19 @@ def _precision(dtype):
     return jax.lax.Precision.HIGHEST if dtype == jnp.float32 else None
 
 
-def _rms_norm(x, weight, eps):
-    """RMSNorm of the rows of ``x`` in float32, the mean square an ``ordered_sum`` (row-invariant)."""
+def _rms_scale(x, eps):
+    """``f32[M]``: RMSNorm's ``rsqrt(mean(x**2) + eps)`` per row, the mean square an ``ordered_sum``
+    (row-invariant)."""
     x = x.astype(jnp.float32)
-    scale = jax.lax.rsqrt(ordered_sum(x * x) / jnp.float32(x.shape[-1]) + jnp.float32(eps))
-    return x * scale[:, None] * weight.astype(jnp.float32)[None, :]
+    return jax.lax.rsqrt(ordered_sum(x * x) / jnp.float32(x.shape[-1]) + jnp.float32(eps))
 
 
 def _reference(x, w, norm_weight, *, transpose_w, norm_eps):
     m, k = x.shape
-    if norm_weight is not None:
-        x = _rms_norm(x, norm_weight, norm_eps)
+    scale = None
+    if norm_weight is not None:  # the norm's weight before the product, its per-row scale after it
+        scale = _rms_scale(x, norm_eps)
+        x = x.astype(jnp.float32) * norm_weight.astype(jnp.float32)[None, :]
     x = x.astype(w.dtype)
     blocks = jnp.pad(x, ((0, cdiv(m, TILE_M) * TILE_M - m), (0, 0))).reshape(-1, TILE_M, k)
     dims = (((1,), (1,)), ((), ())) if transpose_w else (((1,), (0,)), ((), ()))
@@ -81,8 +83,8 @@ def _reference(x, w, norm_weight, *, transpose_w, norm_eps):
     def block(xb):
         return jax.lax.dot_general(xb, w, dims, precision=_precision(w.dtype), preferred_element_type=jnp.float32)
 
-    y = jax.lax.map(block, blocks)
-    return y.reshape(-1, y.shape[-1])[:m]
+    y = jax.lax.map(block, blocks).reshape(-1, y_cols := (w.shape[0] if transpose_w else w.shape[1]))[:m]
+    return y if scale is None else y * scale[:, None]
 
 
 def _kernel(x_ref, w_ref, nw_ref, o_ref, *, m, k, n, transpose_w, norm_eps):
@@ -100,28 +102,25 @@ def _kernel(x_ref, w_ref, nw_ref, o_ref, *, m, k, n, transpose_w, norm_eps):
         k_ok = ks < k
         return ks, k_ok, load(x_ref.at[rows[:, None], ks[None, :]], mask=row_ok[:, None] & k_ok[None, :], other=0)
 
-    if norm_eps is not None:  # the row's mean square first: K blocks summed in order
-        def square(t, acc):
-            a = x_block(t)[2].astype(f32)
-            return acc + jnp.sum(a * a, axis=1)
-
-        ss = jax.lax.fori_loop(0, steps, square, jnp.zeros((TILE_M,), f32))
-        scale = jax.lax.rsqrt(ss / f32(k) + f32(norm_eps))
-
-    def step(t, acc):
+    def step(t, carry):
+        acc, ss = carry
         ks, k_ok, a = x_block(t)
-        if norm_eps is not None:
+        if norm_eps is not None:  # the row's mean square summed over the K blocks in order, in the same pass
+            a = a.astype(f32)
+            ss = ss + jnp.sum(a * a, axis=1)
             nw = load(nw_ref.at[ks], mask=k_ok, other=0).astype(f32)
-            a = (a.astype(f32) * scale[:, None] * nw[None, :]).astype(w_ref.dtype)
+            a = (a * nw[None, :]).astype(w_ref.dtype)
         if transpose_w:
             b = load(w_ref.at[cols[:, None], ks[None, :]], mask=col_ok[:, None] & k_ok[None, :], other=0)
             dims = (((1,), (1,)), ((), ()))
         else:
             b = load(w_ref.at[ks[:, None], cols[None, :]], mask=k_ok[:, None] & col_ok[None, :], other=0)
             dims = (((1,), (0,)), ((), ()))
-        return acc + jax.lax.dot_general(a, b, dims, precision=prec, preferred_element_type=jnp.float32)
+        return acc + jax.lax.dot_general(a, b, dims, precision=prec, preferred_element_type=jnp.float32), ss
 
-    acc = jax.lax.fori_loop(0, steps, step, jnp.zeros((TILE_M, TILE_N), f32))
+    acc, ss = jax.lax.fori_loop(0, steps, step, (jnp.zeros((TILE_M, TILE_N), f32), jnp.zeros((TILE_M,), f32)))
+    if norm_eps is not None:  # RMSNorm's per-row scale, applied to the product
+        acc = acc * jax.lax.rsqrt(ss / f32(k) + f32(norm_eps))[:, None]
     store(o_ref.at[rows[:, None], cols[None, :]], acc, mask=row_ok[:, None] & col_ok[None, :])
 
 
@@ -153,7 +152,7 @@ _OP = KernelOp("invariant_matmul", _impl, static=("transpose_w", "norm_eps"))
 def _norm_args(x, norm_weight, norm_eps):
     if norm_weight is None:
         if norm_eps is not None:
-            raise ValueError("norm_eps: given without norm_weight (the RMSNorm prologue needs both)")
+            raise ValueError("norm_eps: given without norm_weight (the fused RMSNorm needs both)")
         return None
     if norm_weight.shape != (x.shape[1],):
         raise ValueError(f"norm_weight: expected shape ({x.shape[1]},) (x's columns), got {norm_weight.shape}")
@@ -166,9 +165,10 @@ def invariant_matmul(x, w, *, transpose_w: bool = False, norm_weight=None, norm_
                      implementation: Implementation = "auto", interpret: bool = False):
     """``f32[M, N]``: ``x [M, K] @ w [K, N]``, or ``x @ w.T`` for ``w [N, K]`` with ``transpose_w=True`` (a tied
     LM head), with a per-row reduction order independent of ``M`` and of the row's neighbours (module
-    docstring). ``norm_weight f[K]`` and ``norm_eps``: RMSNorm the rows first (float32, ``x * rsqrt(mean(x**2) +
-    eps) * norm_weight``; the kernel computes it in its prologue). Jittable; the (normed) rows are cast to
-    ``w``'s dtype."""
+    docstring). ``norm_weight f[K]`` and ``norm_eps``: RMSNorm the rows first, computed as
+    ``rsqrt(mean(x**2) + eps) * ((x * norm_weight) @ w)`` (the same function: the weighted rows are cast to
+    ``w``'s dtype, the per-row scale multiplies the float32 product; the kernel sums the mean square in the
+    product's own pass over ``x``). Jittable; without a norm the rows are cast to ``w``'s dtype."""
     _check(x, w, bool(transpose_w))
     eps = _norm_args(x, norm_weight, norm_eps)
     return _OP(x, w, norm_weight, transpose_w=bool(transpose_w), norm_eps=eps, implementation=implementation,

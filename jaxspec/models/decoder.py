@@ -13,7 +13,7 @@ decode, verify and draft extend alike), its kernel picked by ``meta.implementati
 queries and fresh K/V are cast to the pool dtype for it (softmax and accumulation in float32).
 
 Batch-invariant forwards (``meta.batch_invariant``): every matmul is ``invariant_matmul`` (the RMSNorm before
-it in its prologue, its mean square summed in a fixed order) and attention is ``invariant_attention``, so a
+it in its own pass, its mean square summed in a fixed order) and attention is ``invariant_attention``, so a
 row's logits do not depend on the other rows of the call (a verify window's row equals the same token decoded
 alone; a request's rows equal the same request in any batch); RoPE, the activations and the residual stream
 are elementwise. ``meta.implementation == "reference"`` runs their jnp references, anything else their Pallas
@@ -61,7 +61,7 @@ class Linear(nnx.Module):
 
     def __call__(self, x, invariant=None, norm=None):
         """``invariant``: ``None``, or the ``invariant_matmul`` kernel switch of a batch-invariant forward.
-        ``norm``: an ``RMSNorm`` applied to ``x`` first (fused into the matmul's prologue when invariant)."""
+        ``norm``: an ``RMSNorm`` applied to ``x`` first (fused into the matmul when invariant)."""
         w = self.kernel[...]
         if invariant is not None:
             kw = {} if norm is None else dict(norm_weight=norm.weight[...], norm_eps=norm.eps)
@@ -312,7 +312,7 @@ class DecoderLayer(nnx.Module):
     def __call__(self, x, meta: AttentionMetadata, cache: PagedKVCache | None, layer: int):
         b, nq, _ = x.shape
         inv = _invariant_impl(meta)
-        if inv is not None:  # batch-invariant: the norms run in the matmuls' prologues
+        if inv is not None:  # batch-invariant: the norms run inside the matmuls
             a, cache = self.self_attn(x, meta, cache, layer, norm=self.input_layernorm)
             x = x + a
             return x + self.mlp(x, inv, norm=self.post_attention_layernorm), cache
@@ -388,7 +388,7 @@ class Decoder(nnx.Module):
     def logits(self, h, invariant=None):
         """Shared head: ``f32[..., V]`` from the pre-norm hidden ``[..., D]`` (``invariant``: the kernel switch
         of a batch-invariant forward, or None)."""
-        if invariant is not None:  # the final norm in the head's prologue
+        if invariant is not None:  # the final norm inside the head's matmul
             if self.lm_head is not None:
                 return self.lm_head(h, invariant, norm=self.norm)
             w = self.embed_tokens[...]
