@@ -13,7 +13,7 @@ decode, verify and draft extend alike), its kernel picked by ``meta.implementati
 queries and fresh K/V are cast to the pool dtype for it (softmax and accumulation in float32).
 
 Batch-invariant forwards (``meta.batch_invariant``): every matmul is ``invariant_matmul`` (the RMSNorm before
-it in its own pass, its mean square summed in a fixed order) and attention is ``invariant_attention``, so a
+it inside the product, its mean square summed in a fixed order) and attention is ``invariant_attention``, so a
 row's logits do not depend on the other rows of the call (a verify window's row equals the same token decoded
 alone; a request's rows equal the same request in any batch); RoPE, the activations and the residual stream
 are elementwise. ``meta.implementation == "reference"`` runs their jnp references, anything else their Pallas
