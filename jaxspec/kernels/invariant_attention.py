@@ -135,6 +135,16 @@ def _query_blocks(prefix_lens, positions, qmask, write_locs, num_slots, bq):
     return token, has, canon, conflict
 
 
+def _tile_rows(qb, h, *, rows, grp, grp_pad, bq, nq):
+    """A program's tile rows (row ``r``: query ``r // grp_pad`` of query block ``qb``, head ``r % grp_pad`` of KV
+    head ``h``'s group): ``(query in the block, head in the group, query row, row is real, query head)``; the
+    first pass and the merge lay out their tiles alike."""
+    r = jnp.arange(rows, dtype=jnp.int32)
+    qi, hh = r // grp_pad, r % grp_pad
+    qrow = qb * bq + qi  # < the padded query count
+    return qi, hh, qrow, (hh < grp) & (qrow < nq), h * grp + jnp.minimum(hh, grp - 1)
+
+
 def _kernel(lay_ref, pt_ref, pre_ref, pos_ref, wl_ref, tok_ref, has_ref, canon_ref, conf_ref, q_ref, kn_ref, vn_ref,
             k_ref, v_ref, acc_ref, ml_ref, k_out, v_out, *, page_size, num_pages, num_slots, width, nq, grp, grp_pad, bq,
             num_kv, rows, head_dim, scale, layered):
@@ -173,12 +183,8 @@ def _kernel(lay_ref, pt_ref, pre_ref, pos_ref, wl_ref, tok_ref, has_ref, canon_r
         store(pool(k_out, dest), load(kn_ref.at[b, src[:, None], h, c[None, :]], mask=mask, other=0), mask=mask)
         store(pool(v_out, dest), load(vn_ref.at[b, src[:, None], h, c[None, :]], mask=mask, other=0), mask=mask)
 
-    r = jnp.arange(rows, dtype=jnp.int32)
-    qi, hh = r // grp_pad, r % grp_pad
-    qrow = qb * bq + qi  # < the padded query count
-    row_ok = (hh < grp) & (qrow < nq)
+    qi, hh, qrow, row_ok, heads = _tile_rows(qb, h, rows=rows, grp=grp, grp_pad=grp_pad, bq=bq, nq=nq)
     last = jnp.where(row_ok, load(pos_ref.at[b, qrow]), -1)  # a query sees the keys 0..its position
-    heads = h * grp + jnp.minimum(hh, grp - 1)
     q = load(q_ref.at[b, jnp.minimum(qrow, nq - 1)[:, None], heads[:, None], c[None, :]],
              mask=row_ok[:, None] & col[None, :], other=0)
     j = jnp.arange(KEY_BLOCK, dtype=jnp.int32)
@@ -235,11 +241,7 @@ def _merge_kernel(acc_ref, ml_ref, o_ref, *, splits, nq, grp, grp_pad, bq, rows,
     b, qb, h = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     e_pad = next_pow2(head_dim)
     c = jnp.arange(e_pad, dtype=jnp.int32)
-    r = jnp.arange(rows, dtype=jnp.int32)
-    qi, hh = r // grp_pad, r % grp_pad
-    qrow = qb * bq + qi
-    row_ok = (hh < grp) & (qrow < nq)
-    heads = h * grp + jnp.minimum(hh, grp - 1)
+    _, hh, qrow, row_ok, heads = _tile_rows(qb, h, rows=rows, grp=grp, grp_pad=grp_pad, bq=bq, nq=nq)
     top = load(ml_ref.at[b, qrow, 0, 0, heads])
     for sp in range(1, splits):  # the max is exact in any order
         top = jnp.maximum(top, load(ml_ref.at[b, qrow, sp, 0, heads]))

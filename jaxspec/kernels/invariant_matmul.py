@@ -83,7 +83,8 @@ def _reference(x, w, norm_weight, *, transpose_w, norm_eps):
     def block(xb):
         return jax.lax.dot_general(xb, w, dims, precision=_precision(w.dtype), preferred_element_type=jnp.float32)
 
-    y = jax.lax.map(block, blocks).reshape(-1, y_cols := (w.shape[0] if transpose_w else w.shape[1]))[:m]
+    y = jax.lax.map(block, blocks)
+    y = y.reshape(-1, y.shape[-1])[:m]
     return y if scale is None else y * scale[:, None]
 
 
