@@ -81,6 +81,38 @@ def test_adaptive_calibrated(adaptive, plain, prompts):
     _same(res, plain)
 
 
+def test_calibration_rows_ignore_the_stop_token(adaptive):
+    """Calibration times full rounds: a row that draws the EOS keeps decoding (a finished row would make the timed
+    calls run empty rounds and price every mode at ~0). The EOS is the token calibration's first round drew."""
+    calls = []
+    run_decode = adaptive.run_decode
+
+    def spy(state, **kw):
+        rows, before = ~np.asarray(state.done), np.asarray(state.num_generated)  # run_decode donates state
+        out = run_decode(state, **kw)
+        new = np.asarray(out.num_generated) - before
+        last = np.asarray(out.out_tokens)[0, int(out.num_generated[0]) - 1]
+        calls.append((kw["max_rounds"], rows, new, np.asarray(out.done), int(last)))
+        return out
+
+    eos_id, costs = adaptive.eos_id, dict(adaptive.round_costs)
+    try:
+        adaptive.run_decode = spy
+        adaptive.calibrate(2)
+        adaptive.eos_id = calls[0][4]
+        calls.clear()
+        adaptive.calibrate(2)
+    finally:
+        del adaptive.run_decode
+        adaptive.eos_id = eos_id
+        adaptive.round_costs.clear()
+        adaptive.round_costs.update(costs)
+    assert calls
+    for trips, rows, new, done, _ in calls:
+        assert rows[:2].all() and not done[:2].any()
+        assert (new[:2] >= trips).all(), (trips, new)
+
+
 @pytest.mark.slow
 def test_adaptive_sampling_keeps_greedy_rows(adaptive, plain, prompts):
     """A sampling batch (its own executable) keeps its temperature-0 rows plain greedy in every mode."""
