@@ -25,6 +25,7 @@ from jaxspec import pipeline
 from jaxspec.engine import Engine
 from jaxspec.kernels import (CPU_INVARIANT_FLAG, batch_invariance_blocker, invariant_attention, invariant_matmul,
                              ordered_sum, paged_attention_reference)
+from jaxspec.kernels.invariant_matmul import _OP as _MATMUL_OP, split_programs
 from jaxspec.models import load_pair
 from jaxspec.protocols import AttentionMetadata, make_req_to_token, page_table_from_req_to_token
 
@@ -341,6 +342,36 @@ def test_invariant_matmul_fused_rms_norm(impl, interpret):
         invariant_matmul(x, w, norm_weight=nw)
     with pytest.raises(ValueError, match="norm_eps: given without norm_weight"):
         invariant_matmul(x, w, norm_eps=1e-5)
+
+
+@pytest.mark.parametrize("transpose_w,norm", [(False, True), (True, False)])
+def test_invariant_matmul_split_layouts_agree_bit_for_bit(transpose_w, norm):
+    """K over several splits (the last one short, its last step partial): a split per program plus the merge
+    kernel == the splits walked in one program, bit for bit, for one row and for 70; rows alone == among others;
+    values within float32 rounding of float64 (float32 weights). ``split_programs`` picks by the tile count."""
+    rng = np.random.default_rng([5, transpose_w, norm])
+    k, n, m = 450, 72, 70  # 8 K steps: splits of 3, 3, 2
+    w = jnp.asarray(rng.standard_normal((n, k) if transpose_w else (k, n)), jnp.float32)
+    x = jnp.asarray(rng.standard_normal((m, k)), jnp.float32)
+    nw = jnp.asarray(1 + 0.1 * rng.standard_normal(k), jnp.float32) if norm else None
+    eps = 1e-5 if norm else None
+
+    def mm(a, split):
+        return np.asarray(_MATMUL_OP(a, w, nw, transpose_w=transpose_w, norm_eps=eps, split=split,
+                                     implementation="pallas", interpret=True))
+
+    whole, parts = mm(x, False), mm(x, True)
+    assert (whole == parts).all()
+    for i in (0, 69):
+        assert (mm(x[i:i + 1], True)[0] == whole[i]).all() and (mm(x[i:i + 1], False)[0] == whole[i]).all()
+    x64 = np.asarray(x, np.float64)
+    if norm:
+        x64 = x64 / np.sqrt((x64**2).mean(1, keepdims=True) + 1e-5) * np.asarray(nw, np.float64)
+    w64 = np.asarray(w, np.float64)
+    np.testing.assert_allclose(whole, x64 @ (w64.T if transpose_w else w64), rtol=1e-5, atol=1e-5 * k**0.5)
+    assert split_programs(1, 576, 960) and split_programs(1, 1536, 576)  # a decode step's products
+    assert not split_programs(1, 576, 49152)  # the tied head: 768 tiles fill the GPU already
+    assert not split_programs(4096, 576, 960) and not split_programs(1, 128, 960)  # many tiles; one split
 
 
 @pytest.mark.gpu

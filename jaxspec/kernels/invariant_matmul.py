@@ -8,10 +8,13 @@ an output element depends on ``K``, ``N`` and the dtype only.
 
 Implementations (``implementation=``, resolved like every kernel of ``jaxspec.kernels``):
 
-* ``"triton"`` (``"pallas"``; ``"auto"`` on a CUDA GPU): a Pallas Triton kernel with one fixed tile,
-  ``TILE_M x TILE_N`` outputs per program, walking ``K`` in ``TILE_K`` steps with one float32 accumulator
-  (no split-K). ``M`` only sets the number of programs, never the tile or the ``K`` order; rows past ``M``
-  are masked (zeros), so a row's neighbours cannot reach it.
+* ``"triton"`` (``"pallas"``; ``"auto"`` on a CUDA GPU): Pallas Triton with one fixed tile, ``TILE_M x
+  TILE_N`` outputs, and a fixed split of ``K``: splits of ``SPLIT_STEPS`` ``TILE_K`` steps, each summed from
+  zero in one float32 accumulator, the split sums added in split order. ``M`` only sets the number of
+  programs and which of two layouts runs the same arithmetic (``split_programs``): few output tiles (a
+  decode step's one-row products) give each split its own program and add the splits in a second kernel,
+  so the serial walk is ``SPLIT_STEPS`` steps instead of all of ``K``; many tiles walk the splits in one
+  program. Rows past ``M`` are masked (zeros), so a row's neighbours cannot reach it.
 * ``"reference"`` (``"auto"`` elsewhere): pure jnp, the rows padded to blocks of ``TILE_M`` and the blocks
   mapped one at a time (``lax.map``) through a ``[TILE_M, K] x [K, N]`` dot: every call runs the same
   fixed-shape dot, so on a given backend a row's result does not depend on ``M`` either. The two
@@ -37,10 +40,13 @@ from jaxspec.kernels.ordered_sum import ordered_sum
 TILE_M = 64  # output rows per program (one wgmma M tile)
 TILE_N = 64  # output columns per program
 TILE_K = 64  # reduction step
+SPLIT_STEPS = 3  # TILE_K steps per K split (K = 576: 3 splits; 1536: 8)
+MIN_PROGRAMS = 132  # output tiles below which each K split gets a program of its own (an H100's / H200's SMs)
 NUM_WARPS = 4
 NUM_STAGES = 3
 
-__all__ = ["TILE_K", "TILE_M", "TILE_N", "invariant_matmul", "invariant_matmul_reference"]
+__all__ = ["MIN_PROGRAMS", "SPLIT_STEPS", "TILE_K", "TILE_M", "TILE_N", "invariant_matmul", "invariant_matmul_reference",
+           "split_programs"]
 
 
 def _check(x, w, transpose_w):
@@ -88,24 +94,18 @@ def _reference(x, w, norm_weight, *, transpose_w, norm_eps):
     return y if scale is None else y * scale[:, None]
 
 
-def _kernel(x_ref, w_ref, nw_ref, o_ref, *, m, k, n, transpose_w, norm_eps):
-    i, j = pl.program_id(0), pl.program_id(1)
-    rows = i * TILE_M + jnp.arange(TILE_M, dtype=jnp.int32)
-    cols = j * TILE_N + jnp.arange(TILE_N, dtype=jnp.int32)
-    row_ok, col_ok = rows < m, cols < n
+def _split_acc(x_ref, w_ref, nw_ref, s, *, rows, cols, row_ok, col_ok, k, steps, transpose_w, norm_eps):
+    """One K split of a ``TILE_M x TILE_N`` tile: its ``SPLIT_STEPS`` (or fewer, the last) ``TILE_K`` steps from a
+    zero accumulator, and the rows' sum of squares over the same columns (``norm_eps``; else zeros)."""
     kk = jnp.arange(TILE_K, dtype=jnp.int32)
     prec = _precision(w_ref.dtype)
     f32 = jnp.float32
-    steps = cdiv(k, TILE_K)
-
-    def x_block(t):
-        ks = t * TILE_K + kk
-        k_ok = ks < k
-        return ks, k_ok, load(x_ref.at[rows[:, None], ks[None, :]], mask=row_ok[:, None] & k_ok[None, :], other=0)
 
     def step(t, carry):
         acc, ss = carry
-        ks, k_ok, a = x_block(t)
+        ks = t * TILE_K + kk
+        k_ok = ks < k
+        a = load(x_ref.at[rows[:, None], ks[None, :]], mask=row_ok[:, None] & k_ok[None, :], other=0)
         if norm_eps is not None:  # the row's mean square summed over the K blocks in order, in the same pass
             a = a.astype(f32)
             ss = ss + jnp.sum(a * a, axis=1)
@@ -119,35 +119,111 @@ def _kernel(x_ref, w_ref, nw_ref, o_ref, *, m, k, n, transpose_w, norm_eps):
             dims = (((1,), (0,)), ((), ()))
         return acc + jax.lax.dot_general(a, b, dims, precision=prec, preferred_element_type=jnp.float32), ss
 
-    acc, ss = jax.lax.fori_loop(0, steps, step, (jnp.zeros((TILE_M, TILE_N), f32), jnp.zeros((TILE_M,), f32)))
-    if norm_eps is not None:  # RMSNorm's per-row scale, applied to the product
-        acc = acc * jax.lax.rsqrt(ss / f32(k) + f32(norm_eps))[:, None]
-    store(o_ref.at[rows[:, None], cols[None, :]], acc, mask=row_ok[:, None] & col_ok[None, :])
+    lo = s * SPLIT_STEPS
+    hi = jnp.minimum(lo + SPLIT_STEPS, steps)
+    return jax.lax.fori_loop(lo, hi, step, (jnp.zeros((TILE_M, TILE_N), f32), jnp.zeros((TILE_M,), f32)))
 
 
-def _triton(x, w, norm_weight, *, transpose_w, norm_eps, interpret):
+def _tile(i, j, m, n):
+    rows = i * TILE_M + jnp.arange(TILE_M, dtype=jnp.int32)
+    cols = j * TILE_N + jnp.arange(TILE_N, dtype=jnp.int32)
+    return rows, cols, rows < m, cols < n
+
+
+def _finish(total, ss, *, k, norm_eps):
+    """The split sums (already added in split order) to the output tile: RMSNorm's per-row scale applied."""
+    if norm_eps is None:
+        return total
+    return total * jax.lax.rsqrt(ss / jnp.float32(k) + jnp.float32(norm_eps))[:, None]
+
+
+def _whole_kernel(x_ref, w_ref, nw_ref, o_ref, *, m, k, n, transpose_w, norm_eps):
+    """One program per output tile: the K splits one after the other, each added to the total as it ends."""
+    rows, cols, row_ok, col_ok = _tile(pl.program_id(0), pl.program_id(1), m, n)
+    steps = cdiv(k, TILE_K)
+    split = functools.partial(_split_acc, x_ref, w_ref, nw_ref, rows=rows, cols=cols, row_ok=row_ok, col_ok=col_ok,
+                              k=k, steps=steps, transpose_w=transpose_w, norm_eps=norm_eps)
+
+    def add(s, carry):
+        acc, ss = split(s)
+        return carry[0] + acc, carry[1] + ss
+
+    total, ss = jax.lax.fori_loop(1, cdiv(steps, SPLIT_STEPS), add, split(0))
+    store(o_ref.at[rows[:, None], cols[None, :]], _finish(total, ss, k=k, norm_eps=norm_eps),
+          mask=row_ok[:, None] & col_ok[None, :])
+
+
+def _split_kernel(x_ref, w_ref, nw_ref, p_ref, ss_ref, *, m, k, n, transpose_w, norm_eps):
+    """One program per (output tile, K split): the split's sum to ``p [splits, M, N]``, its rows' sum of squares to
+    ``ss [splits, M]`` (from the first column tile)."""
+    j, s = pl.program_id(1), pl.program_id(2)
+    rows, cols, row_ok, col_ok = _tile(pl.program_id(0), j, m, n)
+    acc, ss = _split_acc(x_ref, w_ref, nw_ref, s, rows=rows, cols=cols, row_ok=row_ok, col_ok=col_ok, k=k,
+                         steps=cdiv(k, TILE_K), transpose_w=transpose_w, norm_eps=norm_eps)
+    store(p_ref.at[s, rows[:, None], cols[None, :]], acc, mask=row_ok[:, None] & col_ok[None, :])
+    store(ss_ref.at[s, rows], ss, mask=row_ok & (j == 0))
+
+
+def _merge_kernel(p_ref, ss_ref, o_ref, *, m, k, n, splits, norm_eps):
+    """The splits of one output tile added in split order (as ``_whole_kernel`` adds them), then finished."""
+    rows, cols, row_ok, col_ok = _tile(pl.program_id(0), pl.program_id(1), m, n)
+    ok = row_ok[:, None] & col_ok[None, :]
+
+    def part(s):
+        return (load(p_ref.at[s, rows[:, None], cols[None, :]], mask=ok, other=0),
+                load(ss_ref.at[s, rows], mask=row_ok, other=0))
+
+    def add(s, carry):
+        acc, ss = part(s)
+        return carry[0] + acc, carry[1] + ss
+
+    total, ss = jax.lax.fori_loop(1, splits, add, part(0))
+    store(o_ref.at[rows[:, None], cols[None, :]], _finish(total, ss, k=k, norm_eps=norm_eps), mask=ok)
+
+
+def split_programs(m: int, k: int, n: int) -> bool:
+    """Whether ``invariant_matmul`` gives each K split its own program (then merges the splits in a second
+    kernel) rather than walking the splits in one program per tile: when the output tiles alone would not fill
+    the GPU (``MIN_PROGRAMS``) and ``K`` has more than one split. Both add the same split sums in the same
+    order: the choice changes the speed, never a bit of the result."""
+    return cdiv(k, TILE_K * SPLIT_STEPS) > 1 and cdiv(m, TILE_M) * cdiv(n, TILE_N) < MIN_PROGRAMS
+
+
+def _triton(x, w, norm_weight, *, transpose_w, norm_eps, split, interpret):
     m, k = x.shape
     n = w.shape[0] if transpose_w else w.shape[1]
-    kernel = functools.partial(_kernel, m=m, k=k, n=n, transpose_w=transpose_w, norm_eps=norm_eps)
     if norm_weight is None:
         x, norm_weight = x.astype(w.dtype), jnp.zeros((1,), jnp.float32)  # (no norm: the weight is never read)
+    if split is None:
+        split = split_programs(m, k, n)
+    static = dict(m=m, k=k, n=n, norm_eps=norm_eps)
+    tiles = (cdiv(m, TILE_M), cdiv(n, TILE_N))
+    params = compiler_params(num_warps=NUM_WARPS, num_stages=NUM_STAGES)
+    name = f"invariant_matmul_k{k}_n{n}{'_t' if transpose_w else ''}"
+    if not split:
+        return pl.pallas_call(
+            functools.partial(_whole_kernel, transpose_w=transpose_w, **static),
+            out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32), grid=tiles, interpret=interpret,
+            compiler_params=params, name=name)(x, w, norm_weight)
+    splits = cdiv(k, TILE_K * SPLIT_STEPS)
+    parts, ss = pl.pallas_call(
+        functools.partial(_split_kernel, transpose_w=transpose_w, **static),
+        out_shape=(jax.ShapeDtypeStruct((splits, m, n), jnp.float32), jax.ShapeDtypeStruct((splits, m), jnp.float32)),
+        grid=(*tiles, splits), interpret=interpret, compiler_params=params, name=f"{name}_splits")(x, w, norm_weight)
     return pl.pallas_call(
-        kernel,
-        out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
-        grid=(cdiv(m, TILE_M), cdiv(n, TILE_N)),
-        interpret=interpret,
-        compiler_params=compiler_params(num_warps=NUM_WARPS, num_stages=NUM_STAGES),
-        name=f"invariant_matmul_k{k}_n{n}{'_t' if transpose_w else ''}",
-    )(x, w, norm_weight)
+        functools.partial(_merge_kernel, splits=splits, **static),
+        out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32), grid=tiles, interpret=interpret,
+        compiler_params=compiler_params(num_warps=NUM_WARPS, num_stages=1), name=f"{name}_merge")(parts, ss)
 
 
-def _impl(x, w, norm_weight, *, transpose_w, norm_eps, implementation, interpret):
+def _impl(x, w, norm_weight, *, transpose_w, norm_eps, split, implementation, interpret):
     if implementation == "reference":
         return _reference(x, w, norm_weight, transpose_w=transpose_w, norm_eps=norm_eps)
-    return _triton(x, w, norm_weight, transpose_w=transpose_w, norm_eps=norm_eps, interpret=interpret)
+    return _triton(x, w, norm_weight, transpose_w=transpose_w, norm_eps=norm_eps, split=split, interpret=interpret)
 
 
-_OP = KernelOp("invariant_matmul", _impl, static=("transpose_w", "norm_eps"))
+# split: None (split_programs decides), or forced (the kernel tests compare the two layouts bit for bit)
+_OP = KernelOp("invariant_matmul", _impl, static=("transpose_w", "norm_eps", "split"))
 
 
 def _norm_args(x, norm_weight, norm_eps):
@@ -172,8 +248,8 @@ def invariant_matmul(x, w, *, transpose_w: bool = False, norm_weight=None, norm_
     product's own pass over ``x``). Jittable; without a norm the rows are cast to ``w``'s dtype."""
     _check(x, w, bool(transpose_w))
     eps = _norm_args(x, norm_weight, norm_eps)
-    return _OP(x, w, norm_weight, transpose_w=bool(transpose_w), norm_eps=eps, implementation=implementation,
-               interpret=interpret)
+    return _OP(x, w, norm_weight, transpose_w=bool(transpose_w), norm_eps=eps, split=None,
+               implementation=implementation, interpret=interpret)
 
 
 def invariant_matmul_reference(x, w, *, transpose_w: bool = False, norm_weight=None, norm_eps: float | None = None):
