@@ -386,6 +386,13 @@ def test_gpu_kernels_are_invariant_and_match_the_references():
     y = np.asarray(invariant_matmul(x, w, **kw))
     for i in (0, 77):
         assert (np.asarray(invariant_matmul(x[i:i + 1], w, **kw))[0] == y[i]).all()
+    # the two layouts, compiled: a program per K split + merge (128 rows: 30 tiles) == one program walking the
+    # splits (forced, and as 640 rows pick it), bit for bit
+    big = jnp.concatenate([x, jnp.asarray(rng.standard_normal((512, 576)), jnp.float32)])
+    assert split_programs(128, 576, 960) and not split_programs(big.shape[0], 576, 960)
+    whole = _MATMUL_OP(x, w, nw, transpose_w=False, norm_eps=1e-5, split=False, implementation="auto", interpret=False)
+    assert (np.asarray(whole) == y).all()
+    assert (np.asarray(invariant_matmul(big, w, **kw))[:128] == y).all()
     ref = np.asarray(invariant_matmul(x, w, implementation="reference", **kw))
     np.testing.assert_allclose(y, ref, rtol=2**-7, atol=2**-7)  # one bf16 ulp of a normed input, summed
     r2t = jnp.asarray(make_req_to_token(B, W, G, seed=3))
