@@ -4,7 +4,8 @@
 #   bash bench/gpu_all.sh [parts]
 # parts (default: env tests kernels check step decode; also decode-quick (greedy device loop only), attention,
 # attention-quick, train, e2e: end-to-end at 8B / 1B scale, bench/e2e.py --quick, about 9 min on its own;
-# e2e-flags, call-cost: bench/call_cost.py; invariance: bench/invariance.py; train-profile: bench/train_profile.py;
+# e2e-flags, call-cost: bench/call_cost.py; invariance: bench/invariance.py; invariance-profile;
+# train-profile: bench/train_profile.py;
 # the real model: gguf0..gguf3, gguf, drafters, real, serving, see bench/gpu_real.sh). Each part has its own time limit; all of them together take more
 # than 10 minutes, so on a machine lent for 10 minutes at a time run them in groups, e.g. "env tests check step"
 # then "env decode attention".
@@ -66,6 +67,15 @@ for p in $PARTS; do case $p in
   # train-profile: the drafter trainer's per-stage profile (bench/train_profile.py; TRAIN_PROFILE_ARGS)
   invariance) XLA_FLAGS="${XLA_FLAGS-$GPU_XLA_FLAGS}" run invariance ${INVARIANCE_TIMEOUT:-300} $PY bench/invariance.py \
       ${INVARIANCE_ARGS:---checks --matmul} --json "$OUT/invariance.json" ;;
+  # invariance-profile: where the batch-invariant mode's decode rounds spend their time, per kernel class, next to
+  # the default mode's (bench/e2e.py --profile at SmolLM2's shape, then bench/round_profile.py): $OUT/profile_inv/,
+  # $OUT/profile_def/ (PROFILE_ARGS replaces the rows; PROFILE_TIMEOUT each mode)
+  invariance-profile) for m in inv def; do mkdir -p "$OUT/profile_$m"; f=""; [ $m = inv ] && f=--batch-invariant
+      XLA_FLAGS="${XLA_FLAGS-$GPU_XLA_FLAGS}" run "profile_$m/e2e" ${PROFILE_TIMEOUT:-200} $PY bench/e2e.py \
+        ${PROFILE_ARGS:---models smollm2 --batches 1,32 --contexts 512 --configs plain,chain,tree16 --draft-vocab 8192 \
+        --breakdown 1,32 --profile --max-new 32 --repeats 1 --no-pairs --reps 4} $f --json "$OUT/profile_$m/e2e.json"
+      $PY bench/round_profile.py "$OUT/profile_$m/e2e.json" --json "$OUT/profile_$m/round_profile.json" \
+        | tee "$OUT/profile_$m/round_profile.txt"; done ;;
   train-profile) run train_profile ${TRAIN_PROFILE_TIMEOUT:-240} $PY bench/train_profile.py --out "$OUT/train_profile.json" \
       ${TRAIN_PROFILE_ARGS:-} ;;
   attention) run attention 330 $PY bench/attention.py --json "$OUT/attention.json" --png "$OUT/attention.png" ;;
