@@ -94,7 +94,11 @@ def _reference(x, w, norm_weight, *, transpose_w, norm_eps):
     return y if scale is None else y * scale[:, None]
 
 
-def _split_acc(x_ref, w_ref, nw_ref, s, *, rows, cols, row_ok, col_ok, k, steps, transpose_w, norm_eps):
+def _num_splits(k):
+    return cdiv(k, TILE_K * SPLIT_STEPS)
+
+
+def _split_acc(x_ref, w_ref, nw_ref, s, *, rows, cols, row_ok, col_ok, k, transpose_w, norm_eps):
     """One K split of a ``TILE_M x TILE_N`` tile: its ``SPLIT_STEPS`` (or fewer, the last) ``TILE_K`` steps from a
     zero accumulator, and the rows' sum of squares over the same columns (``norm_eps``; else zeros)."""
     kk = jnp.arange(TILE_K, dtype=jnp.int32)
@@ -120,7 +124,7 @@ def _split_acc(x_ref, w_ref, nw_ref, s, *, rows, cols, row_ok, col_ok, k, steps,
         return acc + jax.lax.dot_general(a, b, dims, precision=prec, preferred_element_type=jnp.float32), ss
 
     lo = s * SPLIT_STEPS
-    hi = jnp.minimum(lo + SPLIT_STEPS, steps)
+    hi = jnp.minimum(lo + SPLIT_STEPS, cdiv(k, TILE_K))
     return jax.lax.fori_loop(lo, hi, step, (jnp.zeros((TILE_M, TILE_N), f32), jnp.zeros((TILE_M,), f32)))
 
 
@@ -128,6 +132,17 @@ def _tile(i, j, m, n):
     rows = i * TILE_M + jnp.arange(TILE_M, dtype=jnp.int32)
     cols = j * TILE_N + jnp.arange(TILE_N, dtype=jnp.int32)
     return rows, cols, rows < m, cols < n
+
+
+def _in_split_order(split, splits):
+    """``split(s) -> (acc, ss)`` of every split added in split order, from split 0's own values: the one fold both
+    layouts use, so their sums agree bit for bit."""
+
+    def add(s, carry):
+        acc, ss = split(s)
+        return carry[0] + acc, carry[1] + ss
+
+    return jax.lax.fori_loop(1, splits, add, split(0))
 
 
 def _finish(total, ss, *, k, norm_eps):
@@ -140,15 +155,9 @@ def _finish(total, ss, *, k, norm_eps):
 def _whole_kernel(x_ref, w_ref, nw_ref, o_ref, *, m, k, n, transpose_w, norm_eps):
     """One program per output tile: the K splits one after the other, each added to the total as it ends."""
     rows, cols, row_ok, col_ok = _tile(pl.program_id(0), pl.program_id(1), m, n)
-    steps = cdiv(k, TILE_K)
     split = functools.partial(_split_acc, x_ref, w_ref, nw_ref, rows=rows, cols=cols, row_ok=row_ok, col_ok=col_ok,
-                              k=k, steps=steps, transpose_w=transpose_w, norm_eps=norm_eps)
-
-    def add(s, carry):
-        acc, ss = split(s)
-        return carry[0] + acc, carry[1] + ss
-
-    total, ss = jax.lax.fori_loop(1, cdiv(steps, SPLIT_STEPS), add, split(0))
+                              k=k, transpose_w=transpose_w, norm_eps=norm_eps)
+    total, ss = _in_split_order(split, _num_splits(k))
     store(o_ref.at[rows[:, None], cols[None, :]], _finish(total, ss, k=k, norm_eps=norm_eps),
           mask=row_ok[:, None] & col_ok[None, :])
 
@@ -159,7 +168,7 @@ def _split_kernel(x_ref, w_ref, nw_ref, p_ref, ss_ref, *, m, k, n, transpose_w, 
     j, s = pl.program_id(1), pl.program_id(2)
     rows, cols, row_ok, col_ok = _tile(pl.program_id(0), j, m, n)
     acc, ss = _split_acc(x_ref, w_ref, nw_ref, s, rows=rows, cols=cols, row_ok=row_ok, col_ok=col_ok, k=k,
-                         steps=cdiv(k, TILE_K), transpose_w=transpose_w, norm_eps=norm_eps)
+                         transpose_w=transpose_w, norm_eps=norm_eps)
     store(p_ref.at[s, rows[:, None], cols[None, :]], acc, mask=row_ok[:, None] & col_ok[None, :])
     store(ss_ref.at[s, rows], ss, mask=row_ok & (j == 0))
 
@@ -173,11 +182,7 @@ def _merge_kernel(p_ref, ss_ref, o_ref, *, m, k, n, splits, norm_eps):
         return (load(p_ref.at[s, rows[:, None], cols[None, :]], mask=ok, other=0),
                 load(ss_ref.at[s, rows], mask=row_ok, other=0))
 
-    def add(s, carry):
-        acc, ss = part(s)
-        return carry[0] + acc, carry[1] + ss
-
-    total, ss = jax.lax.fori_loop(1, splits, add, part(0))
+    total, ss = _in_split_order(part, splits)
     store(o_ref.at[rows[:, None], cols[None, :]], _finish(total, ss, k=k, norm_eps=norm_eps), mask=ok)
 
 
@@ -186,7 +191,7 @@ def split_programs(m: int, k: int, n: int) -> bool:
     kernel) rather than walking the splits in one program per tile: when the output tiles alone would not fill
     the GPU (``MIN_PROGRAMS``) and ``K`` has more than one split. Both add the same split sums in the same
     order: the choice changes the speed, never a bit of the result."""
-    return cdiv(k, TILE_K * SPLIT_STEPS) > 1 and cdiv(m, TILE_M) * cdiv(n, TILE_N) < MIN_PROGRAMS
+    return _num_splits(k) > 1 and cdiv(m, TILE_M) * cdiv(n, TILE_N) < MIN_PROGRAMS
 
 
 def _triton(x, w, norm_weight, *, transpose_w, norm_eps, split, interpret):
@@ -205,7 +210,7 @@ def _triton(x, w, norm_weight, *, transpose_w, norm_eps, split, interpret):
             functools.partial(_whole_kernel, transpose_w=transpose_w, **static),
             out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32), grid=tiles, interpret=interpret,
             compiler_params=params, name=name)(x, w, norm_weight)
-    splits = cdiv(k, TILE_K * SPLIT_STEPS)
+    splits = _num_splits(k)
     parts, ss = pl.pallas_call(
         functools.partial(_split_kernel, transpose_w=transpose_w, **static),
         out_shape=(jax.ShapeDtypeStruct((splits, m, n), jnp.float32), jax.ShapeDtypeStruct((splits, m), jnp.float32)),
