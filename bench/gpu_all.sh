@@ -74,8 +74,8 @@ for p in $PARTS; do case $p in
       XLA_FLAGS="${XLA_FLAGS-$GPU_XLA_FLAGS}" run "profile_$m/e2e" ${PROFILE_TIMEOUT:-200} $PY bench/e2e.py \
         ${PROFILE_ARGS:---models smollm2 --batches 1,32 --contexts 512 --configs plain,chain,tree16 --draft-vocab 8192 \
         --breakdown 1,32 --profile --max-new 32 --repeats 1 --no-pairs --reps 4} $f --json "$OUT/profile_$m/e2e.json"
-      $PY bench/round_profile.py "$OUT/profile_$m/e2e.json" --json "$OUT/profile_$m/round_profile.json" \
-        | tee "$OUT/profile_$m/round_profile.txt"; done ;;
+      run "profile_$m/round_profile" 60 $PY bench/round_profile.py "$OUT/profile_$m/e2e.json" \
+        --json "$OUT/profile_$m/round_profile.json"; done ;;
   train-profile) run train_profile ${TRAIN_PROFILE_TIMEOUT:-240} $PY bench/train_profile.py --out "$OUT/train_profile.json" \
       ${TRAIN_PROFILE_ARGS:-} ;;
   attention) run attention 330 $PY bench/attention.py --json "$OUT/attention.json" --png "$OUT/attention.png" ;;
