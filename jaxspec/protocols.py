@@ -204,6 +204,11 @@ class Drafter(Protocol):
     itself is a pytree of arrays or an NNX module (split once, like the target). Every method but
     ``init_state`` / ``kv_bytes_per_slot`` is pure and jittable; ``spec`` (a ``SpecConfig``) is static.
     Batch row ``b`` of every argument is request row ``b`` of ``req_to_token``.
+
+    Optional methods: ``prefill_lookahead(spec) -> int`` (prompt tokens past a non-final prefill chunk that the
+    extend reads; default 1) and ``state_key(spec) -> hashable``: draft shapes with equal keys have equal states
+    after the same extends (an engine of several shapes then computes their extends once; default: every shape
+    its own).
     """
 
     def kv_bytes_per_slot(self, spec: Any) -> int:

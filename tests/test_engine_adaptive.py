@@ -141,14 +141,14 @@ def test_adaptive_loop_has_no_conditional(adaptive, prompts):
 
 def test_policy_choice_probe_and_average():
     ps = init_policy_state([1.0, 2.0, 4.0], [1.0, 4.0, 4.0])
-    pol = AdaptivePolicy(ema_weight=0.5, probe_interval=3)
-    np.testing.assert_array_equal(np.asarray(ps.explored), [True, False, False])
+    pol = AdaptivePolicy(ema_weight=0.5, probe_interval=3, probe_rounds=1)
+    np.testing.assert_array_equal(np.asarray(ps.seen), [1, 0, 0])
     assert int(choose_mode(pol, ps)) == 1  # optimistic start: 4/2 beats 1/1 and 4/4
     ps = update_policy(pol, ps, jnp.int32(1), jnp.float32(3.0))  # first chain round: 3 replaces the start 4
     np.testing.assert_allclose(np.asarray(ps.accept), [1.0, 3.0, 4.0])
     np.testing.assert_array_equal(np.asarray(ps.idle), [1, 0, 1])
     np.testing.assert_array_equal(np.asarray(ps.mode_rounds), [0, 1, 0])
-    np.testing.assert_array_equal(np.asarray(ps.explored), [True, True, False])
+    np.testing.assert_array_equal(np.asarray(ps.seen), [1, 1, 0])
     np.testing.assert_array_equal(np.asarray(ps.backoff), [1, 1, 1])  # 3/2 is the best rate: no back-off
     ps = update_policy(pol, ps, jnp.int32(1), jnp.float32(0.5))  # then averaged: (3 + 0.5) / 2 = 1.75
     np.testing.assert_allclose(np.asarray(ps.accept), [1.0, 1.75, 4.0])
@@ -181,6 +181,40 @@ def test_policy_choice_probe_and_average():
     np.testing.assert_allclose(np.asarray(ps.accept)[0], 1.0)  # plain's accept never moves
 
 
+def test_policy_probes_run_probe_rounds_and_average_them():
+    """A speculative mode, once it runs, runs ``probe_rounds`` rounds in a row and is judged on their mean (weights
+    ``max(ema_weight, 1/n)``): one bad round does not switch it off; the back-off doubles once per lost probe."""
+    pol = AdaptivePolicy(ema_weight=0.25, probe_interval=2, probe_rounds=3)
+    ps = init_policy_state([1.0, 1.5], [1.0, 4.0])
+    assert int(choose_mode(pol, ps)) == 1  # optimistic 4 / 1.5
+    ps = update_policy(pol, ps, jnp.int32(1), jnp.float32(1.0))  # rate 1/1.5 < plain, yet the probe goes on
+    assert int(choose_mode(pol, ps)) == 1 and int(ps.backoff[1]) == 1
+    ps = update_policy(pol, ps, jnp.int32(1), jnp.float32(2.0))  # weight 1/2: mean 1.5
+    np.testing.assert_allclose(float(ps.accept[1]), 1.5)
+    assert int(choose_mode(pol, ps)) == 1
+    ps = update_policy(pol, ps, jnp.int32(1), jnp.float32(1.5))  # weight 1/3: mean 1.5; 1.5 / 1.5 = plain's 1
+    np.testing.assert_allclose(float(ps.accept[1]), 1.5)
+    np.testing.assert_array_equal(np.asarray(ps.seen), [1, 3])
+    np.testing.assert_array_equal(np.asarray(ps.streak), [0, 3])
+    assert int(ps.backoff[1]) == 1  # a tie is no loss
+    ps = update_policy(pol, ps, jnp.int32(1), jnp.float32(0.5))  # weight 1/4 = ema_weight: 1.25, lost: back-off 2
+    np.testing.assert_allclose(float(ps.accept[1]), 1.25)
+    assert int(ps.backoff[1]) == 2 and int(choose_mode(pol, ps)) == 0
+    ps = update_policy(pol, ps, jnp.int32(0), jnp.float32(1.0))
+    np.testing.assert_array_equal(np.asarray(ps.streak), [1, 0])
+    for _ in range(5):  # probe due after probe_interval * backoff = 4 rounds of its cost: 6 plain rounds
+        assert int(choose_mode(pol, ps)) == 0
+        ps = update_policy(pol, ps, jnp.int32(0), jnp.float32(1.0))
+    assert int(choose_mode(pol, ps)) == 1
+    for accept in (1.0, 1.0):  # a losing probe: the back-off doubles once, at its last round
+        ps = update_policy(pol, ps, jnp.int32(1), jnp.float32(accept))
+        assert int(choose_mode(pol, ps)) == 1 and int(ps.backoff[1]) == 2
+    ps = update_policy(pol, ps, jnp.int32(1), jnp.float32(1.0))
+    assert int(ps.backoff[1]) == 4 and int(choose_mode(pol, ps)) == 0
+    with pytest.raises(ValueError, match="probe_rounds"):
+        AdaptivePolicy(probe_rounds=0)
+
+
 def test_policy_backoff_is_capped_and_warm_start_keeps_learning():
     pol = AdaptivePolicy(probe_interval=1)
     ps = init_policy_state([1.0, 2.0], [1.0, 4.0])
@@ -189,7 +223,7 @@ def test_policy_backoff_is_capped_and_warm_start_keeps_learning():
     assert int(ps.backoff[1]) == MAX_BACKOFF
     warm = init_policy_state([1.0, 3.0], [1.0, 4.0], learned=ps)
     np.testing.assert_allclose(np.asarray(warm.round_cost), [1.0, 3.0])  # the given costs, not the learned ones
-    for f in ("accept", "explored", "idle", "backoff"):
+    for f in ("accept", "seen", "idle", "backoff"):
         np.testing.assert_array_equal(np.asarray(getattr(warm, f)), np.asarray(getattr(ps, f)), err_msg=f)
     np.testing.assert_array_equal(np.asarray(warm.mode_rounds), [0, 0])  # statistics are per call
     assert int(choose_mode(pol, warm)) == 0  # no optimistic restart: the learned 1.0 / 3.0 loses to plain
@@ -204,13 +238,13 @@ def test_engine_warm_start(adaptive, model, prompts, plain):
     first = adaptive.generate(prompts, MAX_NEW)
     assert set(adaptive.policy_memory) == {4}
     learned = jax.tree.map(np.asarray, adaptive.policy_memory[4])
-    assert learned.explored.all(), learned
+    assert (learned.seen > 0).all(), learned
     np.testing.assert_array_equal(learned.mode_rounds, first.mode_rounds)
     second = adaptive.generate(prompts, MAX_NEW)
     _same(first, plain)
     _same(second, plain)
     state = adaptive.prepare(prompts, MAX_NEW)[0]
-    np.testing.assert_array_equal(np.asarray(state.policy.explored), [True, True, True])
+    np.testing.assert_array_equal(np.asarray(state.policy.seen) > 0, [True, True, True])
     # a forced-mode call (what calibrate runs) teaches nothing
     before = jax.tree.map(np.asarray, adaptive.policy_memory[4])
     adaptive.run_decode(adaptive.run_prefill(*adaptive.prepare(prompts, MAX_NEW)), mode=0)
@@ -218,7 +252,7 @@ def test_engine_warm_start(adaptive, model, prompts, plain):
     cold = Engine(model, MTPDrafter(model), spec=(CHAIN, TREE), adaptive=AdaptivePolicy(warm_start=False), **KW)
     cold.round_costs[4] = adaptive.round_costs[4]
     cold.policy_memory[4] = adaptive.policy_memory[4]
-    np.testing.assert_array_equal(np.asarray(cold.prepare(prompts, MAX_NEW)[0].policy.explored), [True, False, False])
+    np.testing.assert_array_equal(np.asarray(cold.prepare(prompts, MAX_NEW)[0].policy.seen), [1, 0, 0])
     with pytest.raises(ValueError, match="warm_start"):
         AdaptivePolicy(warm_start=1)
 

@@ -7,14 +7,17 @@ bucket; rows of finished requests are still computed, so the cost of a round dep
 the highest ``accept(m) / round_cost[m]``. ``round_cost`` is measured on the device for the bucket
 (``Engine.calibrate``, values in the state: new costs never recompile); ``accept`` is a running average of
 the accept lengths the mode had (``ema_weight``), starting optimistic (``S + 1``) until the mode's first
-round, whose accept length replaces it (so each shape costs one exploratory round, not a slow decay).
+round, whose accept length replaces it (no slow decay from the optimistic start); the ``n``-th round of a mode
+weighs ``max(ema_weight, 1 / n)`` (a plain mean until the average has enough rounds). A speculative mode, once
+it runs, runs at least ``probe_rounds`` rounds in a row: one round's accept length at a small batch is too noisy
+to switch a shape off on.
 
-Probes: a speculative mode that is not the best runs once more when its optimistic rate could beat the
-best and it has waited ``probe_interval * backoff[m]`` rounds of its own cost (``idle[m] * round_cost[best]
->= probe_interval * backoff[m] * round_cost[m]``), so a shape switched off by low acceptance is tried again
-when the text gets easier, and probing a losing shape costs at most ``1 / probe_interval`` of the time,
-halving after each probe it loses (``backoff`` doubles, up to ``MAX_BACKOFF``; a round in which the mode is
-the best resets it to 1).
+Probes: a speculative mode that is not the best runs again (``probe_rounds`` rounds) when its optimistic rate
+could beat the best and it has waited ``probe_interval * backoff[m]`` rounds of its own cost (``idle[m] *
+round_cost[best] >= probe_interval * backoff[m] * round_cost[m]``), so a shape switched off by low acceptance is
+tried again when the text gets easier, and probing a losing shape costs at most ``probe_rounds /
+probe_interval`` of the time, halving after each probe it loses (``backoff`` doubles, up to ``MAX_BACKOFF``; a
+round in which the mode is the best resets it to 1).
 
 Warm start (``AdaptivePolicy.warm_start``, on by default): the engine keeps each batch bucket's running
 accept lengths, probe waits and back-offs from one decode call to the next (``Engine.policy_memory``): how
@@ -23,10 +26,10 @@ first call of a bucket pays for exploration. Every mode is lossless; the choice 
 the compiled loop (no host sync): ``step.decode_loop`` runs each mode as a segment of rounds and switches
 only when the choice changes.
 
-What the switch costs in acceptance: each draft shape keeps its own drafter state, extended only by its own
-rounds, so after rounds of other modes a shape drafts from a state that misses those positions (its first
-proposal is stale, its draft KV has holes). That lowers its acceptance until its next rounds refill it; it
-never changes the output (verification is exact).
+Switching costs no acceptance: every round, whatever its mode, extends the drafter state of every draft shape
+with the tokens it commits (``step.extend_draft_states``; a plain round passes its one token and the target's
+features), so a shape always drafts from a state that has every committed position. Shapes whose states the
+drafter declares equal (``Drafter.state_key``, e.g. EAGLE-3 chains of any length) share one extend.
 """
 
 import dataclasses
@@ -44,13 +47,16 @@ class AdaptivePolicy:
 
     ema_weight: weight of the newest round in a mode's running accept length, in ``(0, 1]``.
     probe_interval: a losing speculative mode is probed again after this many rounds' worth of its own round
-      cost (>= 1; module docstring): probing costs at most ``1 / probe_interval`` of the time.
+      cost (>= 1; module docstring): probing costs at most ``probe_rounds / probe_interval`` of the time.
+    probe_rounds: the fewest rounds a speculative mode runs in a row once it runs (>= 1), so that its accept
+      length is judged on more than one round.
     warm_start: carry each batch bucket's learned acceptance from one decode call to the next
       (``Engine.policy_memory``); ``False``: every call starts from the optimistic prior and explores.
     """
 
     ema_weight: float = 0.25
     probe_interval: int = 64
+    probe_rounds: int = 4
     warm_start: bool = True
 
     def __post_init__(self):
@@ -60,6 +66,9 @@ class AdaptivePolicy:
         p = self.probe_interval
         if isinstance(p, bool) or not isinstance(p, int) or p < 1:
             raise ValueError(f"AdaptivePolicy.probe_interval: expected an int >= 1, got {p!r}")
+        r = self.probe_rounds
+        if isinstance(r, bool) or not isinstance(r, int) or r < 1:
+            raise ValueError(f"AdaptivePolicy.probe_rounds: expected an int >= 1, got {r!r}")
         if not isinstance(self.warm_start, bool):
             raise ValueError(f"AdaptivePolicy.warm_start: expected a bool, got {self.warm_start!r}")
 
@@ -72,7 +81,8 @@ class PolicyState:
     round_cost: ``f32[M]`` seconds per round of each mode at this batch bucket (``Engine.calibrate``).
     max_accept: ``f32[M]`` the most a round of each mode can accept (plain 1, spec ``S + 1``).
     accept: ``f32[M]`` running accept length per mode (plain fixed at 1).
-    explored: ``bool[M]`` whether ``accept`` comes from rounds the mode ran (else the optimistic start).
+    seen: ``i32[M]`` rounds the mode ran (its average's count; 0: ``accept`` is the optimistic start; plain 1).
+    streak: ``i32[M]`` rounds the mode ran in a row up to the last round (0 for the modes that did not run it).
     idle: ``i32[M]`` rounds since each mode last ran.
     backoff: ``i32[M]`` probe wait multiplier per mode (1 .. ``MAX_BACKOFF``).
     mode_rounds: ``i32[M]`` rounds each mode ran in this decode call (statistics).
@@ -81,7 +91,8 @@ class PolicyState:
     round_cost: jax.Array
     max_accept: jax.Array
     accept: jax.Array
-    explored: jax.Array
+    seen: jax.Array
+    streak: jax.Array
     idle: jax.Array
     backoff: jax.Array
     mode_rounds: jax.Array
@@ -101,41 +112,50 @@ def init_policy_state(round_cost, max_accept, learned: PolicyState | None = None
             raise ValueError(f"learned: expected a PolicyState of {m} modes, got accept {learned.accept.shape}")
         return PolicyState(
             round_cost=jnp.asarray(cost), max_accept=jnp.asarray(top), accept=jnp.array(learned.accept),
-            explored=jnp.array(learned.explored), idle=jnp.array(learned.idle), backoff=jnp.array(learned.backoff),
-            mode_rounds=jnp.zeros((m,), jnp.int32),
+            seen=jnp.array(learned.seen), streak=jnp.zeros((m,), jnp.int32), idle=jnp.array(learned.idle),
+            backoff=jnp.array(learned.backoff), mode_rounds=jnp.zeros((m,), jnp.int32),
         )
     return PolicyState(
         round_cost=jnp.asarray(cost), max_accept=jnp.asarray(top), accept=jnp.asarray(top.copy()),
-        explored=jnp.asarray(np.arange(m) == 0), idle=jnp.zeros((m,), jnp.int32),
+        seen=jnp.asarray((np.arange(m) == 0).astype(np.int32)), streak=jnp.zeros((m,), jnp.int32),
+        idle=jnp.zeros((m,), jnp.int32),
         backoff=jnp.ones((m,), jnp.int32), mode_rounds=jnp.zeros((m,), jnp.int32),
     )
 
 
 def choose_mode(policy: AdaptivePolicy, ps: PolicyState) -> jax.Array:
-    """``i32[]`` mode of the next round: the best ``accept / round_cost``, or a due probe (lowest mode first)."""
+    """``i32[]`` mode of the next round: a speculative mode short of ``probe_rounds`` rounds in a row goes on;
+    else the best ``accept / round_cost``, or a due probe (lowest mode first)."""
     rate = ps.accept / ps.round_cost
     best = jnp.argmax(rate).astype(jnp.int32)
     m = rate.shape[0]
+    going = (ps.streak > 0) & (ps.streak < policy.probe_rounds) & (jnp.arange(m) > 0)
     could_win = ps.max_accept / ps.round_cost > rate[best]
     waited = ps.idle.astype(jnp.float32) * ps.round_cost[best]
     wait = jnp.float32(policy.probe_interval) * ps.backoff.astype(jnp.float32) * ps.round_cost
     due = (waited >= wait) & could_win & (jnp.arange(m) > 0)
-    return jnp.where(jnp.any(due), jnp.argmax(due).astype(jnp.int32), best)
+    pick = jnp.where(jnp.any(due), jnp.argmax(due).astype(jnp.int32), best)
+    return jnp.where(jnp.any(going), jnp.argmax(going).astype(jnp.int32), pick)
 
 
 def update_policy(policy: AdaptivePolicy, ps: PolicyState, mode: jax.Array, accept: jax.Array) -> PolicyState:
-    """Fold the round's mean accept length (over its active requests) into mode ``mode``'s average (the mode's
-    first round replaces the optimistic start); the mode's back-off resets if it is now the best, else doubles."""
+    """Fold the round's mean accept length (over its active requests) into mode ``mode``'s average with weight
+    ``max(ema_weight, 1 / n)`` for its ``n``-th round (the first replaces the optimistic start); the mode's
+    back-off resets if it is now the best, else doubles (once per probe: at its ``probe_rounds``-th round in a row
+    or later)."""
     m = ps.accept.shape[0]
     hit = jnp.arange(m) == mode
-    w = jnp.float32(policy.ema_weight)
-    avg = jnp.where(ps.explored, (1 - w) * ps.accept + w * accept, accept)
+    seen = jnp.where(hit, jnp.minimum(ps.seen + 1, 2**30), ps.seen)
+    w = jnp.maximum(jnp.float32(policy.ema_weight), 1.0 / jnp.maximum(seen, 1).astype(jnp.float32))
+    avg = (1 - w) * ps.accept + w * accept
     new = jnp.where(hit & (mode > 0), avg, ps.accept)
     rate = new / ps.round_cost
     wins = rate[mode] >= jnp.max(rate)
-    backoff = jnp.where(hit & (mode > 0), jnp.where(wins, 1, jnp.minimum(ps.backoff * 2, MAX_BACKOFF)), ps.backoff)
+    streak = jnp.where(hit, ps.streak + 1, 0)
+    lost = jnp.where(streak >= policy.probe_rounds, jnp.minimum(ps.backoff * 2, MAX_BACKOFF), ps.backoff)
+    backoff = jnp.where(hit & (mode > 0), jnp.where(wins, 1, lost), ps.backoff)
     return dataclasses.replace(
-        ps, accept=new, explored=ps.explored | hit, idle=jnp.where(hit, 0, ps.idle + 1), backoff=backoff,
+        ps, accept=new, seen=seen, streak=streak, idle=jnp.where(hit, 0, ps.idle + 1), backoff=backoff,
         mode_rounds=ps.mode_rounds + hit.astype(jnp.int32),
     )
 

@@ -118,13 +118,13 @@ def prefill(target, drafter, opts: EngineOptions, state: DecodeState, prompts: j
         first = sample_next(state, last, _coins(keys[:, 0], ()))
     draft = state.draft
     if drafter is not None:
-        states = []
-        for i, spec in enumerate(opts.specs):
+        def extend(i, base):
             kw = {}
             if keys is not None and _draft_probs_mode(opts, state):
-                kw = dict(sampling=_draft_sampling(state, keys[:, 1 + i], spec.num_steps))
-            states.append(drafter.extend_after_prefill(spec, draft[i], prompts, hidden, meta, prompt_lens, first, **kw))
-        draft = tuple(states)
+                kw = dict(sampling=_draft_sampling(state, keys[:, 1 + i], opts.specs[i].num_steps))
+            return drafter.extend_after_prefill(opts.specs[i], base, prompts, hidden, meta, prompt_lens, first, **kw)
+
+        draft = _per_group(drafter, opts, draft, extend)
     state = dataclasses.replace(state, target_cache=tcache, draft=draft, seq_lens=state.seq_lens + prompt_lens,
                                 bonus=first)
     out, num, done = append_tokens(state, first[:, None], jnp.ones((b,), jnp.int32))
@@ -160,14 +160,54 @@ def prefill_chunk(target, drafter, opts: EngineOptions, state: DecodeState, toke
     draft = state.draft
     if drafter is not None:
         look = getattr(drafter, "prefill_lookahead", None)
-        states = []
-        for i, spec in enumerate(opts.specs):
-            n = 1 if look is None else int(look(spec))
+
+        def extend(i, base):
+            n = 1 if look is None else int(look(opts.specs[i]))
             kw = dict(lookahead=following[:, 1:n]) if n > 1 else {}
-            states.append(drafter.extend_after_prefill(spec, draft[i], tokens, hidden, meta, chunk_lens,
-                                                       following[:, 0], **kw))
-        draft = tuple(states)
+            return drafter.extend_after_prefill(opts.specs[i], base, tokens, hidden, meta, chunk_lens, following[:, 0],
+                                                **kw)
+
+        draft = _per_group(drafter, opts, draft, extend)
     return dataclasses.replace(state, target_cache=tcache, draft=draft, seq_lens=state.seq_lens + chunk_lens)
+
+
+def state_groups(drafter, specs) -> list[list[int]]:
+    """The draft shapes (indices into ``specs``) that share one drafter state computation: shapes with equal
+    ``drafter.state_key(spec)`` (optional; a drafter without it: every shape alone), in order of first index."""
+    key = getattr(drafter, "state_key", None)
+    groups: dict = {}
+    for i, spec in enumerate(specs):
+        groups.setdefault(i if key is None else ("key", key(spec)), []).append(i)
+    return list(groups.values())
+
+
+def _per_group(drafter, opts: EngineOptions, draft: tuple, extend, first: int | None = None) -> tuple:
+    """``draft`` with every shape's state replaced by ``extend(i, draft[i])`` of its group's shape ``i`` (the
+    group's first shape, or ``first`` where the group holds it): one computation per group of equal states."""
+    out = list(draft)
+    for members in state_groups(drafter, opts.specs):
+        i = first if first in members else members[0]
+        new = extend(i, draft[i])
+        for j in members:
+            out[j] = new
+    return tuple(out)
+
+
+def extend_draft_states(drafter, opts: EngineOptions, state: DecodeState, draft: tuple, tokens, hidden, meta,
+                        accept_lens, coin_keys=None, first: int | None = None) -> tuple:
+    """Every draft shape's state extended over a committed window (``Drafter.extend_after_verify``: ``tokens``,
+    ``hidden``, ``meta``, ``accept_lens``): whatever the round's mode, every shape keeps a state that has every
+    committed position, so switching shapes (or from plain decoding) costs no acceptance. ``first``: the round's
+    own shape (its state in ``draft`` is the one its proposal returned). ``coin_keys`` (``verify="draft_probs"``
+    in a sampling batch): one key per request for the drafter's coins."""
+
+    def extend(i, base):
+        kw = {}
+        if coin_keys is not None and _draft_probs_mode(opts, state):
+            kw = dict(sampling=_draft_sampling(state, coin_keys, opts.specs[i].num_steps))
+        return drafter.extend_after_verify(opts.specs[i], base, tokens, hidden, meta, accept_lens, **kw)
+
+    return _per_group(drafter, opts, draft, extend, first)
 
 
 def spec_step(target, drafter, opts: EngineOptions, state: DecodeState, which: int = 0) -> DecodeState:
@@ -216,15 +256,15 @@ def spec_step(target, drafter, opts: EngineOptions, state: DecodeState, which: i
     if sim_lens is not None:
         verifier = SimulatedVerify(verifier, sim_lens)
     out = pipeline.commit(spec, plan, tcache, verifier, hidden=hidden, active=active, **kw)
-    dstate = drafter.extend_after_verify(
-        spec, dstate, out.window_tokens, out.window_hidden, out.draft_meta, out.accept_lens,
-        **({} if ext is None else dict(sampling=ext)),
-    )
+    coins = None if ext is None else keys[:, 2]
+    draft = extend_draft_states(drafter, opts, state, state.draft[:which] + (dstate,) + state.draft[which + 1:],
+                                out.window_tokens, out.window_hidden, out.draft_meta, out.accept_lens, coins,
+                                first=which)
     out_tokens, num, done = append_tokens(state, out.accepted, out.accept_lens)
     return dataclasses.replace(
         state,
         target_cache=out.cache,
-        draft=tuple(dstate if i == which else d for i, d in enumerate(state.draft)),
+        draft=draft,
         seq_lens=out.seq_lens,
         bonus=out.bonus,
         out_tokens=out_tokens,
@@ -235,22 +275,32 @@ def spec_step(target, drafter, opts: EngineOptions, state: DecodeState, which: i
     )
 
 
-def plain_step(target, opts: EngineOptions, state: DecodeState) -> DecodeState:
+def plain_step(target, opts: EngineOptions, state: DecodeState, drafter=None) -> DecodeState:
     """One plain decode step: commit ``bonus`` at ``seq_lens`` and predict the next token (greedy, or
-    sampled with the key ``fold_in(key(seed), 1 + num_rounds)`` in sampling batches)."""
+    sampled with the key ``k = fold_in(key(seed), 1 + num_rounds)`` in sampling batches). With a ``drafter``
+    (the plain rounds of an adaptive engine) every draft shape's state is extended over the committed token
+    (``extend_draft_states``; drafter coins from ``fold_in(k, 1)`` in ``verify="draft_probs"``)."""
     b = state.seq_lens.shape[0]
     seq = state.seq_lens
     meta = pipeline.decode_metadata(seq, state.target_cache.req_to_token, page_size=opts.page_size, **_kernel_kw(opts))
-    logits, _, tcache = target.forward(state.bonus[:, None], _target_meta(opts, meta), state.target_cache)
+    logits, hidden, tcache = target.forward(state.bonus[:, None], _target_meta(opts, meta), state.target_cache)
+    key = None
     if state.all_greedy:
         nxt = _greedy(logits[:, 0])
     else:
-        nxt = sample_next(state, logits[:, 0], _coins(request_keys(state, state.num_rounds + 1, 1)[:, 0], ()))
+        key = request_keys(state, state.num_rounds + 1, 1)[:, 0]
+        nxt = sample_next(state, logits[:, 0], _coins(key, ()))
+    draft = state.draft
+    if drafter is not None and opts.specs:
+        coins = None if key is None else jax.vmap(lambda k: jax.random.fold_in(k, 1))(key)
+        draft = extend_draft_states(drafter, opts, state, draft, nxt[:, None], hidden, meta, jnp.ones((b,), jnp.int32),
+                                    coins)
     active = ~state.done
     out_tokens, num, done = append_tokens(state, nxt[:, None], jnp.ones((b,), jnp.int32))
     return dataclasses.replace(
         state,
         target_cache=tcache,
+        draft=draft,
         seq_lens=jnp.where(active, seq + 1, seq),
         bonus=jnp.where(active, nxt, state.bonus),
         out_tokens=out_tokens,
@@ -274,7 +324,7 @@ def adaptive_step(target, drafter, opts: EngineOptions, state: DecodeState) -> D
 
 def _mode_branches(target, drafter, opts: EngineOptions) -> list:
     """The round of each mode: plain decoding, then one per draft shape in ``opts.specs``."""
-    out = [functools.partial(plain_step, target, opts)]
+    out = [functools.partial(plain_step, target, opts, drafter=drafter)]
     return out + [functools.partial(spec_step, target, drafter, opts, which=i) for i in range(len(opts.specs))]
 
 

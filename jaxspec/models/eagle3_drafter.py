@@ -99,6 +99,11 @@ class EAGLE3Drafter(nnx.Module):
             raise ValueError(f"spec.topk={spec.topk} exceeds the head's draft vocabulary ({vd} tokens)")
         return self.model.kv_bytes_per_slot()
 
+    def state_key(self, spec) -> int:
+        """Shapes with the same ``topk`` have equal states after the same extends (the chain length is read by
+        ``propose`` only)."""
+        return int(spec.topk)
+
     def init_state(self, spec, req_to_token, num_slots: int) -> EAGLE3DraftState:
         b, k = req_to_token.shape[0], spec.topk
         return EAGLE3DraftState(self.model.make_cache(req_to_token, num_slots), jnp.zeros((b, k), _F32),

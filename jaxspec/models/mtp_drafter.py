@@ -126,6 +126,11 @@ class MTPDrafter:
         shape = jax.eval_shape(lambda: self.head.make_draft_cache(np.zeros((1, 1), np.int32), 1))
         return int(shape.k.size * shape.k.dtype.itemsize + shape.v.size * shape.v.dtype.itemsize)
 
+    def state_key(self, spec) -> tuple[int, int]:
+        """The extend runs one MTP layer per draft step and keeps ``topk`` (tree) or ``S`` (chain) proposals:
+        shapes with the same ``(num_steps, topk)`` have equal states."""
+        return (int(spec.num_steps), int(spec.topk))
+
     def init_state(self, spec, req_to_token, num_slots: int) -> MTPDraftState:
         b = req_to_token.shape[0]
         x = spec.num_steps if spec.topk == 1 else spec.topk
