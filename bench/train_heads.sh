@@ -19,7 +19,8 @@ if [ "${RECIPE:-magpie}" = seeded ]; then
   # RECIPE=seeded: chat prompts of eight kinds from jaxspec's topic seeds, continued by the target, rendered through
   # the chat template users use (its default system turn included) and answered mostly greedily; 16 MiB shards in
   # RUNS/e3/data/, user turns sharing 8 words with $QUESTIONS (MT-Bench's question.jsonl) dropped
-  # (jaxspec.data.seeded_chat). A 32768-token draft vocabulary, its LM head started from the target's.
+  # (jaxspec.data.seeded_chat). A 24576-token draft vocabulary (DRAFT_VOCAB; the largest multiple of 8192 whose
+  # head stays under the 40 MB a shipped head may take: 38.7 MB in bf16), its LM head started from the target's.
   : "${QUESTIONS:?RECIPE=seeded needs QUESTIONS=path/to/question.jsonl (the evaluation set kept out of the data)}"
   lim "${DATA_TIMEOUT:-}" $T --arch eagle3 --out "$RUNS/e3" --stage data --recipe seeded \
     --num-prompts "${NUM_PROMPTS:-65536}" --gen-batch "${GEN_BATCH:-2048}" --prompt-len 160 --response-len 256 \
@@ -31,7 +32,7 @@ if [ "${RECIPE:-magpie}" = seeded ]; then
   mkdir -p "$RUNS/mtp" && ln -sfn "$RUNS/e3/data" "$RUNS/mtp/data"
   DEV="--dev-data $RUNS/dev/data --eval-every 250 --eval-steps 3"
   lim "${E3_TIMEOUT:-}" $T --arch eagle3 --out "$RUNS/e3" --stage train --recipe seeded --steps "${E3_STEPS:-3000}" \
-    --batch 64 --lr 5e-4 --draft-vocab 32768 --draft-head-init target --ttt-length 7 --ckpt-every 250 $DEV
+    --batch 64 --lr 5e-4 --draft-vocab "${DRAFT_VOCAB:-24576}" --draft-head-init target --ttt-length 7 --ckpt-every 250 $DEV
   lim "${MTP_TIMEOUT:-}" $T --arch mtp --out "$RUNS/mtp" --stage train --recipe seeded --steps "${MTP_STEPS:-2000}" \
     --batch 32 --lr 5e-4 --mtp-steps 3 --ckpt-every 250 $DEV
 else
