@@ -138,6 +138,11 @@ class TargetModel(Protocol):
 
     A target is a pytree of arrays (a registered dataclass, say) or a Flax NNX module: the engine splits it
     once into static structure and weights and closes over the structure in its jitted loop.
+
+    Optional: ``forward(..., rows=None)``. A target whose ``forward`` takes a ``rows`` keyword (``i32[R]`` indices
+    into the ``B * Q`` flattened rows) returns the logits of those rows only, ``f32[R, V]``; prefill then scores
+    each prompt's last row alone instead of ``B * P`` rows (at a wide generation batch the full prefill logits are
+    tens of GB). A target without it is called without it and its rows are gathered from the full logits.
     """
 
     vocab_size: int  # V

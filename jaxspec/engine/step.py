@@ -10,6 +10,7 @@ imported here). One speculative round::
 """
 
 import dataclasses
+import inspect
 import functools
 
 import jax
@@ -93,6 +94,25 @@ def _draft_probs_mode(opts: EngineOptions, state: DecodeState) -> bool:
     return opts.verify == "draft_probs" and not state.all_greedy
 
 
+def _takes_rows(target) -> bool:
+    """Whether ``target.forward`` takes the optional ``rows`` keyword (``TargetModel``'s docstring)."""
+    try:
+        return "rows" in inspect.signature(target.forward).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def _last_row_forward(target, prompts, meta, cache, prompt_lens):
+    """The target's forward over right-padded ``prompts (B, P)`` returning only each prompt's last row of logits
+    ``f32[B, V]`` (through ``forward(rows=)`` where the target takes it), the hidden and the cache."""
+    b, p = prompts.shape
+    if _takes_rows(target):
+        rows = jnp.arange(b, dtype=jnp.int32) * p + jnp.maximum(prompt_lens - 1, 0)
+        return target.forward(prompts, meta, cache, rows=rows)
+    logits, hidden, cache = target.forward(prompts, meta, cache)
+    return logits[jnp.arange(b, dtype=jnp.int32), jnp.maximum(prompt_lens - 1, 0)], hidden, cache
+
+
 def prefill(target, drafter, opts: EngineOptions, state: DecodeState, prompts: jax.Array, prompt_lens: jax.Array):
     """Target prefill of right-padded ``prompts (B, P)`` + the drafter's extend of every draft shape; returns
     the new state.
@@ -107,9 +127,8 @@ def prefill(target, drafter, opts: EngineOptions, state: DecodeState, prompts: j
     r2t = state.target_cache.req_to_token
     meta = pipeline.prefill_metadata(prompt_lens, r2t, p, page_size=opts.page_size, prefix_lens=state.seq_lens,
                                      **_kernel_kw(opts))
-    logits, hidden, tcache = target.forward(prompts, _target_meta(opts, meta), state.target_cache)
-    rows = jnp.arange(b, dtype=jnp.int32)
-    last = logits[rows, prompt_lens - 1]
+    last, hidden, tcache = _last_row_forward(target, prompts, _target_meta(opts, meta), state.target_cache,
+                                             prompt_lens)
     keys = None
     if state.all_greedy:
         first = _greedy(last)

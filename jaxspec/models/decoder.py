@@ -400,12 +400,16 @@ class Decoder(nnx.Module):
             return self.lm_head(x)
         return tied_head(x, self.embed_tokens[...])
 
-    def forward(self, tokens, meta: AttentionMetadata, cache: PagedKVCache | None):
+    def forward(self, tokens, meta: AttentionMetadata, cache: PagedKVCache | None, rows=None):
         """``tokens i32[B, Q]`` -> ``(logits f32[B, Q, V], hidden f32[B, Q, F], cache)``.
 
-        ``cache=None`` runs a dense forward over the fresh tokens only (``qmask``), writing nothing.
+        ``cache=None`` runs a dense forward over the fresh tokens only (``qmask``), writing nothing. ``rows``
+        (``i32[R]``, indices into the ``B * Q`` flattened rows): the logits are ``f32[R, V]`` of those rows only
+        (the LM head runs on ``R`` rows).
         """
         x, hidden, cache = self.trunk(tokens, meta, cache)
+        if rows is not None:
+            x = x.reshape(-1, x.shape[-1])[rows]
         return self.logits(x, _invariant_impl(meta)), hidden, cache
 
     def trunk(self, tokens, meta: AttentionMetadata, cache: PagedKVCache | None):
