@@ -29,6 +29,7 @@ process-wide, set before JAX starts).
 """
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -65,6 +66,10 @@ CPU_XLA_FLAGS = {
     "pair": {"--xla_cpu_experimental_ynn_fusion_type": "", "--xla_cpu_multi_thread_eigen": "false"},
 }
 CPU_XLA_FLAGS_JAXLIB = ("0.10.",)
+# --draft-vocab auto on the CPU: the shipped EAGLE-3 head's 8192 most frequent of its 24576 draft tokens cover 98.3% of
+# its training replies' tokens, give the demo's replies the same accept lengths, and halve the draft's time per round
+# on the 2-core CPU (BENCHMARKS.md, the CPU demo on real text).
+CPU_DRAFT_VOCAB = 8192
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -82,6 +87,11 @@ def _parser() -> argparse.ArgumentParser:
                     help="draft head directory: an EAGLE-3 checkpoint (config.json + model.safetensors) or an MTP "
                          "head (config.json + mtp.safetensors), as python -m jaxspec.train_draft writes them "
                          "(default: the shipped head, SHIPPED_HEADS in jaxspec/demo.py)")
+    ap.add_argument("--draft-vocab", default="auto", metavar="N|all|auto",
+                    help="an EAGLE-3 head's draft vocabulary: its N most frequent training tokens (load_eagle3's "
+                         "draft_vocab; each draft step then reads N rows of its LM head), all of them, or auto: "
+                         f"{CPU_DRAFT_VOCAB} on the CPU where the head records its token counts and has more, all "
+                         "otherwise (default: %(default)s)")
     ap.add_argument("--prompts", type=int, default=3,
                     help=f"how many of the demo's {len(PROMPTS)} chat prompts to decode (default: %(default)s)")
     ap.add_argument("--max-new", type=int, default=96, help="most tokens generated per reply (default: %(default)s)")
@@ -104,7 +114,29 @@ def _parse(argv):
         _parser().error(f"--prompts: the demo has {len(PROMPTS)} chat prompts, got {args.prompts}")
     if args.weights is not None and args.head is not None:
         _parser().error("--head: a --weights pair carries its own MTP layers; give one of --weights and --head")
+    if args.draft_vocab not in ("auto", "all"):
+        if not args.draft_vocab.isdigit() or int(args.draft_vocab) < 1:
+            _parser().error(f"--draft-vocab: expected an int >= 1, 'all' or 'auto', got {args.draft_vocab!r}")
+        if args.weights is not None:
+            _parser().error("--draft-vocab: applies to an EAGLE-3 head, not to a --weights pair")
     return args
+
+
+def draft_vocab_for(choice: str, path: str, kind: str, device: str) -> int | None:
+    """The ``draft_vocab`` to load a head with (``None``: all its draft tokens) for ``--draft-vocab choice``."""
+    from jaxspec.models.eagle3 import COUNTS_FILE
+
+    if choice == "all":
+        return None
+    if choice != "auto":
+        if kind != "eagle3":
+            raise ValueError(f"--draft-vocab {choice}: applies to an EAGLE-3 head, {path} is an {kind} head")
+        return int(choice)
+    if kind != "eagle3" or device != "cpu" or not os.path.exists(os.path.join(path, COUNTS_FILE)):
+        return None
+    with open(os.path.join(path, "config.json")) as f:
+        vd = int(json.load(f).get("draft_vocab_size") or 0)
+    return CPU_DRAFT_VOCAB if vd > CPU_DRAFT_VOCAB else None
 
 
 def cpu_xla_flags(current: str, jaxlib_version: str, flags: dict) -> str:
@@ -154,8 +186,9 @@ class Setup:
         self.eos_id, self.stop_ids, self.what = eos_id, stop_ids, what
 
 
-def load_model_setup(head: str | None, num_prompts: int) -> Setup:
-    """SmolLM2 (fetched when missing) in float32 with the draft head ``find_head(head)`` and the chat prompts."""
+def load_model_setup(head: str | None, num_prompts: int, draft_vocab: str = "all", device: str = "cpu") -> Setup:
+    """SmolLM2 (fetched when missing) in float32 with the draft head ``find_head(head)`` (an EAGLE-3 head's draft
+    vocabulary as ``--draft-vocab draft_vocab`` picks on ``device``) and the chat prompts."""
     import jax.numpy as jnp
 
     from jaxspec.models import fetch_model, load_target_with_head
@@ -164,12 +197,14 @@ def load_model_setup(head: str | None, num_prompts: int) -> Setup:
     path, kind = find_head(head)
     gguf = str(fetch_model(MODEL, quiet=True))
     tok = Tokenizer.from_file(gguf)
+    vd = draft_vocab_for(draft_vocab, path, kind, device)
     target, drafter, _ = load_target_with_head(gguf, path, kind=kind, param_dtype=jnp.float32,
                                                num_draft_steps=max(c[0] for c in CONFIGS.values())
-                                               if kind == "mtp" else None)
+                                               if kind == "mtp" else None, draft_vocab=vd)
     if kind == "eagle3":
         cfg = drafter.model.cfg
-        what = (f"EAGLE-3 head {_shown(path)} (1 layer, draft vocabulary {cfg.draft_vocab_size}, "
+        kept = "" if vd is None else " most frequent (--draft-vocab)"
+        what = (f"EAGLE-3 head {_shown(path)} (1 layer, draft vocabulary {cfg.draft_vocab_size}{kept}, "
                 f"aux layer ids {list(cfg.aux_layer_ids)})")
     else:
         what = f"MTP head {_shown(path)} ({target.num_mtp_layers} layer(s), full vocabulary)"
@@ -374,7 +409,7 @@ def main(argv=None) -> int:
     t_load = time.perf_counter()
     try:
         setup = (load_pair_setup(args.weights, args.prompts) if args.weights
-                 else load_model_setup(args.head, args.prompts))
+                 else load_model_setup(args.head, args.prompts, args.draft_vocab, args.device))
     except (FileNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -414,7 +414,8 @@ def main(argv=None):
                               eval_every=args.eval_every, eval_steps=args.eval_steps)
         write_curves(args.out, history, args.arch)
         if args.arch == "eagle3":
-            save_eagle3(head, os.path.join(args.out, "eagle3"))
+            counts = np.bincount(tokens[mask], minlength=target.vocab_size)  # the draft vocabulary's own counts
+            save_eagle3(head, os.path.join(args.out, "eagle3"), token_counts=counts[np.asarray(head.token_ids[...])])
         else:
             save_mtp_head(head, os.path.join(args.out, "mtp"))
         last = history["accept"][-1] if history["accept"] else []

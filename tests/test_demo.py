@@ -205,3 +205,26 @@ def test_demo_runs_on_smollm2_with_the_shipped_head(capsys, monkeypatch):
     rows = _check_output(out, ["chain", "tree"])
     assert rows["chain"][0] > 1.2  # a trained head: drafts accepted on real text
     assert "->" in out and "target on this CPU" in out
+
+
+def test_draft_vocab_choice(tmp_path):
+    """``--draft-vocab``: auto keeps the CPU_DRAFT_VOCAB most frequent on the CPU for a larger head that records its
+    counts, all of them elsewhere; a number applies to an EAGLE-3 head only; bad values refused."""
+    big = _eagle3_dir(tmp_path / "big")
+    conf = tmp_path / "big" / "config.json"
+    conf.write_text(json.dumps(dict(json.loads(conf.read_text()), draft_vocab_size=demo.CPU_DRAFT_VOCAB * 3)))
+    assert demo.draft_vocab_for("auto", big, "eagle3", "cpu") is None  # no counts recorded
+    (tmp_path / "big" / "draft_token_counts.json").write_text("{}")
+    assert demo.draft_vocab_for("auto", big, "eagle3", "cpu") == demo.CPU_DRAFT_VOCAB
+    assert demo.draft_vocab_for("auto", big, "eagle3", "gpu") is None
+    assert demo.draft_vocab_for("all", big, "eagle3", "cpu") is None
+    assert demo.draft_vocab_for("100", big, "eagle3", "gpu") == 100
+    m = _mtp_dir(tmp_path / "m")
+    assert demo.draft_vocab_for("auto", m, "mtp", "cpu") is None
+    with pytest.raises(ValueError, match="--draft-vocab 100: applies to an EAGLE-3 head"):
+        demo.draft_vocab_for("100", m, "mtp", "cpu")
+    for bad in ("0", "-3", "many"):
+        with pytest.raises(SystemExit):
+            demo._parse(["--draft-vocab", bad])
+    with pytest.raises(SystemExit):
+        demo._parse(["--draft-vocab", "100", "--weights", DEFAULT_WEIGHTS])

@@ -236,6 +236,44 @@ def test_load_refuses_bad_checkpoints(tmp_path):
         load_eagle3(write("arch", tensors, cfg.replace("LlamaForCausalLMEagle3", "LlamaForCausalLM")))
 
 
+def test_load_keeps_the_most_frequent_draft_tokens(tmp_path):
+    """``load_eagle3(draft_vocab=N)``: the LM head's rows of the N most frequent draft tokens (ties: lower draft id),
+    their target ids, their logits unchanged; the rest of the head as stored."""
+    rng = np.random.default_rng()
+    model = _model(int(rng.integers(1 << 16)))
+    counts = rng.integers(0, 5, VD)  # small counts: ties to break
+    save_eagle3(model, str(tmp_path / "h"), dtype=jnp.float32, token_counts=counts)
+    n = int(rng.integers(1, VD))
+    small = load_eagle3(str(tmp_path / "h"), draft_vocab=n)
+    keep = sorted(sorted(range(VD), key=lambda i: (-counts[i], i))[:n])
+    assert small.cfg.draft_vocab_size == n
+    full_ids = np.asarray(model.token_ids[...])
+    np.testing.assert_array_equal(np.asarray(small.token_ids[...]), full_ids[keep])
+    np.testing.assert_array_equal(np.flatnonzero(np.asarray(small.t2d[...])), np.sort(full_ids[keep]))
+    a, b = eagle3_tensors(model), eagle3_tensors(small)
+    np.testing.assert_array_equal(b["lm_head.weight"], np.asarray(a["lm_head.weight"])[keep])
+    for k in NAMES - {"lm_head.weight", "d2t", "t2d"}:
+        np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+    same = load_eagle3(str(tmp_path / "h"), draft_vocab=VD)  # all of them: the head as stored
+    for k, v in eagle3_tensors(same).items():
+        np.testing.assert_array_equal(v, a[k], err_msg=k)
+
+
+def test_load_draft_vocab_refusals(tmp_path):
+    save_eagle3(_model(3), str(tmp_path / "nocounts"), dtype=jnp.float32)
+    with pytest.raises(ValueError, match="draft_vocab=8: .* no draft_token_counts.json"):
+        load_eagle3(str(tmp_path / "nocounts"), draft_vocab=8)
+    save_eagle3(_model(3), str(tmp_path / "h"), dtype=jnp.float32, token_counts=np.ones(VD, np.int64))
+    for bad in (0, VD + 1, 2.0, True):
+        with pytest.raises(ValueError, match="draft_vocab: expected None or an int"):
+            load_eagle3(str(tmp_path / "h"), draft_vocab=bad)
+    with pytest.raises(ValueError, match="token_counts: expected"):
+        save_eagle3(_model(3), str(tmp_path / "bad"), token_counts=np.ones(VD - 1, np.int64))
+    (tmp_path / "h" / "draft_token_counts.json").write_text(json.dumps({"counts": [1] * (VD - 1)}))
+    with pytest.raises(ValueError, match="expected 'counts'"):
+        load_eagle3(str(tmp_path / "h"), draft_vocab=8)
+
+
 def _ttt_reference(q, ks, vs, step):
     """SpecForge's LlamaAttention with cache_hidden, one head, looped: row t attends to step-0 keys r <= t (the
     plain causal mask: SpecForge no longer shifts it per step) and to each later step's key at row t."""

@@ -367,12 +367,29 @@ def eagle3_tensors(model: EAGLE3Model, dtype=None) -> dict:
     return out
 
 
-def save_eagle3(model: EAGLE3Model, path: str, *, dtype=jnp.bfloat16, metadata: dict | None = None) -> None:
+COUNTS_FILE = "draft_token_counts.json"  # beside the weights: how often each draft token occurred in training
+
+
+def save_eagle3(model: EAGLE3Model, path: str, *, dtype=jnp.bfloat16, metadata: dict | None = None,
+                token_counts=None) -> None:
     """Write ``path/config.json`` + ``path/model.safetensors`` in SGLang / SpecForge's EAGLE-3 layout (weights in
-    ``dtype``, default bf16; ``d2t`` int64, ``t2d`` bool; no embedding)."""
+    ``dtype``, default bf16; ``d2t`` int64, ``t2d`` bool; no embedding). ``token_counts`` (``[Vd]`` non-negative
+    integers, draft id order): each draft token's count in the training replies, written to ``COUNTS_FILE`` (a
+    JSON file SGLang does not read) so that ``load_eagle3(path, draft_vocab=N)`` can keep the ``N`` most
+    frequent."""
     from safetensors.flax import save_file
 
+    vd = model.cfg.draft_vocab_size
+    if token_counts is not None:
+        token_counts = np.asarray(token_counts)
+        if (token_counts.shape != (vd,) or not np.issubdtype(token_counts.dtype, np.integer)
+                or (token_counts < 0).any()):
+            raise ValueError(f"token_counts: expected {vd} non-negative integers (one per draft token), got "
+                             f"{token_counts.dtype}{list(token_counts.shape)}")
     os.makedirs(path, exist_ok=True)
+    if token_counts is not None:
+        with open(os.path.join(path, COUNTS_FILE), "w") as f:
+            json.dump({"counts": [int(c) for c in token_counts]}, f)
     tensors = eagle3_tensors(model, None)
     for name, arr in tensors.items():
         if name not in ("d2t", "t2d"):
@@ -385,14 +402,43 @@ def save_eagle3(model: EAGLE3Model, path: str, *, dtype=jnp.bfloat16, metadata: 
               metadata={"format": "pt", **(metadata or {})})
 
 
-def load_eagle3(path: str, *, param_dtype=_F32, kv_dtype=None, num_target_layers: int | None = None) -> EAGLE3Model:
+def _kept_draft_ids(path: str, vd: int, draft_vocab) -> np.ndarray:
+    """The draft ids ``load_eagle3(draft_vocab=N)`` keeps: the ``N`` most frequent by ``COUNTS_FILE`` (ties: lower
+    draft id first), in draft id order."""
+    if isinstance(draft_vocab, bool) or not isinstance(draft_vocab, (int, np.integer)) or not 1 <= draft_vocab <= vd:
+        raise ValueError(f"draft_vocab: expected None or an int in [1, {vd}] (the head's draft vocabulary), "
+                         f"got {draft_vocab!r}")
+    f = os.path.join(path, COUNTS_FILE)
+    if not os.path.exists(f):
+        raise ValueError(f"draft_vocab={draft_vocab}: {path} has no {COUNTS_FILE} (the draft tokens' training counts "
+                         "that pick the most frequent; jaxspec.train_draft writes it)")
+    with open(f) as fh:
+        counts = np.asarray(json.load(fh).get("counts", []))
+    if counts.shape != (vd,) or not np.issubdtype(counts.dtype, np.integer) or (counts < 0).any():
+        raise ValueError(f"{f}: expected 'counts': {vd} non-negative integers, got {counts.dtype}{list(counts.shape)}")
+    return np.sort(np.argsort(-counts, kind="stable")[:draft_vocab])
+
+
+def load_eagle3(path: str, *, param_dtype=_F32, kv_dtype=None, num_target_layers: int | None = None,
+                draft_vocab: int | None = None) -> EAGLE3Model:
     """Read an EAGLE-3 checkpoint directory (``save_eagle3``'s layout, or SpecForge's / an SGLang-served head's:
     names with or without a ``model.`` prefix; a stored ``embed_tokens.weight`` is ignored, the target's is
-    used). A missing tensor, a wrong shape or ``t2d`` disagreeing with ``d2t`` raises ``ValueError``."""
+    used). A missing tensor, a wrong shape or ``t2d`` disagreeing with ``d2t`` raises ``ValueError``.
+
+    ``draft_vocab=N`` keeps the head's ``N`` most frequent draft tokens only (by the counts ``save_eagle3`` wrote
+    beside the weights; FR-Spec's frequency-ranked draft head, SGLang's ``speculative_token_map``): the LM head's
+    rows of the others are dropped, so each draft step reads ``N`` rows instead of ``Vd``. The kept tokens' logits
+    are unchanged; a draft can no longer propose the others (verification, and so the output, is unchanged)."""
     from safetensors import safe_open
 
     with open(os.path.join(path, "config.json")) as f:
-        cfg = Eagle3Config.from_hf(json.load(f), num_target_layers=num_target_layers)
+        hf = json.load(f)
+    full = Eagle3Config.from_hf(hf, num_target_layers=num_target_layers)
+    keep = None
+    if draft_vocab is not None:
+        keep = _kept_draft_ids(path, full.draft_vocab_size, draft_vocab)
+        hf = {**hf, "draft_vocab_size": int(draft_vocab)}
+    cfg = Eagle3Config.from_hf(hf, num_target_layers=num_target_layers)
     files = sorted(f for f in os.listdir(path) if f.endswith(".safetensors"))
     if not files:
         raise FileNotFoundError(f"{path}: no *.safetensors file")
@@ -408,6 +454,10 @@ def load_eagle3(path: str, *, param_dtype=_F32, kv_dtype=None, num_target_layers
         if name not in found:
             raise ValueError(f"{path}: missing tensor {name}")
         arr = np.asarray(found[name])
+        if keep is not None and name == "lm_head.weight":
+            if arr.shape[0] != full.draft_vocab_size:
+                raise ValueError(f"{path}: tensor {name}: expected {full.draft_vocab_size} rows, found {arr.shape}")
+            arr = arr[keep]
         want = tuple(params[p].get_value().shape)
         want = (want[1], want[0]) if transpose else want
         if rows is not None:
@@ -422,15 +472,23 @@ def load_eagle3(path: str, *, param_dtype=_F32, kv_dtype=None, num_target_layers
         if name not in found:
             raise ValueError(f"{path}: missing tensor {name}")
     d2t = np.asarray(found["d2t"]).astype(np.int64)
-    model.set_draft_map(d2t)
+    vd, v = full.draft_vocab_size, cfg.decoder.vocab_size
+    ids = np.arange(d2t.shape[0]) + d2t if d2t.ndim == 1 else None
+    if d2t.shape != (vd,) or ids.min() < 0 or ids.max() >= v or np.unique(ids).size != vd:
+        raise ValueError(f"{path}: d2t: expected {vd} offsets with arange({vd}) + d2t distinct target ids in [0, {v})")
     t2d = np.asarray(found["t2d"]).astype(bool)
-    if t2d.shape != (cfg.decoder.vocab_size,) or not np.array_equal(t2d, np.asarray(model.t2d[...])):
+    want_t2d = np.zeros((v,), bool)
+    want_t2d[ids] = True
+    if t2d.shape != want_t2d.shape or not np.array_equal(t2d, want_t2d):
         raise ValueError(f"{path}: t2d disagrees with d2t (t2d[j] must be True exactly for the ids arange(Vd) + d2t)")
+    if keep is not None:
+        d2t = ids[keep] - np.arange(keep.shape[0])
+    model.set_draft_map(d2t)
     return model
 
 
 __all__ = [
-    "ARCHITECTURE", "EAGLE3Model", "Eagle3Config", "aux_layers_from_ids", "default_aux_layer_ids",
+    "ARCHITECTURE", "COUNTS_FILE", "EAGLE3Model", "Eagle3Config", "aux_layers_from_ids", "default_aux_layer_ids",
     "draft_vocab_from_counts", "eagle3_tensors", "ids_from_aux_layers", "init_lm_head_from_target", "load_eagle3",
     "save_eagle3", "target_head_columns",
 ]

@@ -128,7 +128,8 @@ def num_target_layers(model: str) -> int:
 
 def load_target_with_head(model: str, head: str | None = None, *, kind: str | None = None,
                           param_dtype=jnp.float32, kv_dtype=None, head_param_dtype=jnp.float32, head_kv_dtype=None,
-                          num_draft_steps: int | None = None, target=None) -> TargetWithHead:
+                          num_draft_steps: int | None = None, target=None,
+                          draft_vocab: int | None = None) -> TargetWithHead:
     """Load a target checkpoint and its draft head, and the drafter that runs the head.
 
     Args:
@@ -143,6 +144,8 @@ def load_target_with_head(model: str, head: str | None = None, *, kind: str | No
         num_draft_steps: the draft steps of an MTP head (``"mtp"``, ``"builtin"``; default: its layers).
         target: for ``"mtp"`` only, an already loaded plain ``Decoder`` of ``model`` to attach the head to (its
             weights shared) instead of loading ``model`` again.
+        draft_vocab: for ``"eagle3"`` only, keep the head's ``draft_vocab`` most frequent draft tokens
+            (``load_eagle3``'s ``draft_vocab``); ``None``: all of them.
 
     Returns:
         ``TargetWithHead(target, drafter, kind)``: ``Engine(target, drafter, spec=...)`` decodes with it;
@@ -162,6 +165,8 @@ def load_target_with_head(model: str, head: str | None = None, *, kind: str | No
         raise ValueError(f"target: a loaded target is attached to an MTP head only, not to kind {kind!r}")
     if num_draft_steps is not None and kind not in ("mtp", "builtin"):
         raise ValueError(f"num_draft_steps: applies to an MTP head only, not to kind {kind!r}")
+    if draft_vocab is not None and kind != "eagle3":
+        raise ValueError(f"draft_vocab: applies to an EAGLE-3 head only, not to kind {kind!r}")
     kw = dict(param_dtype=param_dtype, kv_dtype=kv_dtype)
     if kind is None:
         return TargetWithHead(load_model(model, mtp=False, **kw), None, None)
@@ -170,7 +175,8 @@ def load_target_with_head(model: str, head: str | None = None, *, kind: str | No
         from jaxspec.models.eagle3_drafter import EAGLE3Drafter  # noqa: PLC0415
 
         n = num_target_layers(model)
-        draft = load_eagle3(head, param_dtype=head_param_dtype, kv_dtype=head_kv_dtype, num_target_layers=n)
+        draft = load_eagle3(head, param_dtype=head_param_dtype, kv_dtype=head_kv_dtype, num_target_layers=n,
+                            draft_vocab=draft_vocab)
         tgt = load_model(model, aux_layers=aux_layers_from_ids(draft.cfg.aux_layer_ids, n), **kw)
         return TargetWithHead(tgt, EAGLE3Drafter(draft, tgt), kind)
     from jaxspec.models.mtp_drafter import MTPDrafter  # noqa: PLC0415
