@@ -58,6 +58,9 @@ def _parse(argv):
     ap.add_argument("--model", required=True, help="a .gguf file or a Hugging Face checkpoint directory")
     ap.add_argument("--questions", required=True, help="MT-Bench question.jsonl (first turns are the prompts)")
     ap.add_argument("--eagle3", default=None, help="EAGLE-3 head directory (jaxspec.models.load_eagle3)")
+    ap.add_argument("--draft-vocab", type=int, default=None,
+                    help="keep the EAGLE-3 head's N most frequent draft tokens (load_eagle3's draft_vocab; "
+                         "default: all)")
     ap.add_argument("--mtp", default=None, help="MTP head directory (jaxspec.models.load_mtp_head)")
     ap.add_argument("--parts", default="plain,spec,hf", help="comma list of parts: plain, spec, hf")
     ap.add_argument("--configs", default=",".join(CONFIGS), help=f"comma list of {sorted(CONFIGS)}")
@@ -156,7 +159,8 @@ class Models:
                                                target=self.plain(), **kw)[:2])
         if self._e3 is None:
             self._e3 = tuple(load_target_with_head(self.args.model, head, kind=kind, head_param_dtype=self.dtype,
-                                                   head_kv_dtype=self.dtype, **kw)[:2])
+                                                   head_kv_dtype=self.dtype, draft_vocab=self.args.draft_vocab,
+                                                   **kw)[:2])
         return self._e3
 
 
