@@ -267,6 +267,9 @@ def test_load_draft_vocab_refusals(tmp_path):
     for bad in (0, VD + 1, 2.0, True):
         with pytest.raises(ValueError, match="draft_vocab: expected None or an int"):
             load_eagle3(str(tmp_path / "h"), draft_vocab=bad)
+    save_eagle3(_model(4), str(tmp_path / "h2"), dtype=jnp.float32, token_counts=np.ones(VD, np.int64))
+    save_eagle3(_model(5), str(tmp_path / "h2"), dtype=jnp.float32)  # a new head without counts: no stale file
+    assert not (tmp_path / "h2" / "draft_token_counts.json").exists()
     with pytest.raises(ValueError, match="token_counts: expected"):
         save_eagle3(_model(3), str(tmp_path / "bad"), token_counts=np.ones(VD - 1, np.int64))
     (tmp_path / "h" / "draft_token_counts.json").write_text(json.dumps({"counts": [1] * (VD - 1)}))

@@ -387,9 +387,12 @@ def save_eagle3(model: EAGLE3Model, path: str, *, dtype=jnp.bfloat16, metadata: 
             raise ValueError(f"token_counts: expected {vd} non-negative integers (one per draft token), got "
                              f"{token_counts.dtype}{list(token_counts.shape)}")
     os.makedirs(path, exist_ok=True)
+    counts_path = os.path.join(path, COUNTS_FILE)
     if token_counts is not None:
-        with open(os.path.join(path, COUNTS_FILE), "w") as f:
+        with open(counts_path, "w") as f:
             json.dump({"counts": [int(c) for c in token_counts]}, f)
+    elif os.path.exists(counts_path):  # an earlier head's counts would describe other tokens
+        os.remove(counts_path)
     tensors = eagle3_tensors(model, None)
     for name, arr in tensors.items():
         if name not in ("d2t", "t2d"):
