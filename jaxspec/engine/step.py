@@ -10,8 +10,8 @@ imported here). One speculative round::
 """
 
 import dataclasses
-import inspect
 import functools
+import inspect
 
 import jax
 import jax.numpy as jnp
@@ -106,11 +106,11 @@ def _last_row_forward(target, prompts, meta, cache, prompt_lens):
     """The target's forward over right-padded ``prompts (B, P)`` returning only each prompt's last row of logits
     ``f32[B, V]`` (through ``forward(rows=)`` where the target takes it), the hidden and the cache."""
     b, p = prompts.shape
+    req, last = jnp.arange(b, dtype=jnp.int32), jnp.maximum(prompt_lens - 1, 0)
     if _takes_rows(target):
-        rows = jnp.arange(b, dtype=jnp.int32) * p + jnp.maximum(prompt_lens - 1, 0)
-        return target.forward(prompts, meta, cache, rows=rows)
+        return target.forward(prompts, meta, cache, rows=req * p + last)
     logits, hidden, cache = target.forward(prompts, meta, cache)
-    return logits[jnp.arange(b, dtype=jnp.int32), jnp.maximum(prompt_lens - 1, 0)], hidden, cache
+    return logits[req, last], hidden, cache
 
 
 def prefill(target, drafter, opts: EngineOptions, state: DecodeState, prompts: jax.Array, prompt_lens: jax.Array):

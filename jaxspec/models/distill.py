@@ -139,6 +139,7 @@ def eagle3_student_losses(draft, target_embed, teacher: Eagle3Teacher, tokens, m
     positions = dense_metadata(b, t).positions
     outs = draft.ttt_forward(_input_embeddings(target_embed, tokens, ttt_length), draft.project(teacher.aux),
                              positions)
+
     @jax.checkpoint  # the step's f32 [B, T, Vd] logits are recomputed in the backward pass, never kept for it
     def scored(out, p, top, pm):
         lg = draft.logits(out)

@@ -370,6 +370,11 @@ def eagle3_tensors(model: EAGLE3Model, dtype=None) -> dict:
 COUNTS_FILE = "draft_token_counts.json"  # beside the weights: how often each draft token occurred in training
 
 
+def _counts_ok(counts: np.ndarray, vd: int) -> bool:
+    """Whether ``counts`` holds one non-negative integer count per draft token (``[vd]``)."""
+    return counts.shape == (vd,) and np.issubdtype(counts.dtype, np.integer) and not (counts < 0).any()
+
+
 def save_eagle3(model: EAGLE3Model, path: str, *, dtype=jnp.bfloat16, metadata: dict | None = None,
                 token_counts=None) -> None:
     """Write ``path/config.json`` + ``path/model.safetensors`` in SGLang / SpecForge's EAGLE-3 layout (weights in
@@ -382,8 +387,7 @@ def save_eagle3(model: EAGLE3Model, path: str, *, dtype=jnp.bfloat16, metadata: 
     vd = model.cfg.draft_vocab_size
     if token_counts is not None:
         token_counts = np.asarray(token_counts)
-        if (token_counts.shape != (vd,) or not np.issubdtype(token_counts.dtype, np.integer)
-                or (token_counts < 0).any()):
+        if not _counts_ok(token_counts, vd):
             raise ValueError(f"token_counts: expected {vd} non-negative integers (one per draft token), got "
                              f"{token_counts.dtype}{list(token_counts.shape)}")
     os.makedirs(path, exist_ok=True)
@@ -417,7 +421,7 @@ def _kept_draft_ids(path: str, vd: int, draft_vocab) -> np.ndarray:
                          "that pick the most frequent; jaxspec.train_draft writes it)")
     with open(f) as fh:
         counts = np.asarray(json.load(fh).get("counts", []))
-    if counts.shape != (vd,) or not np.issubdtype(counts.dtype, np.integer) or (counts < 0).any():
+    if not _counts_ok(counts, vd):
         raise ValueError(f"{f}: expected 'counts': {vd} non-negative integers, got {counts.dtype}{list(counts.shape)}")
     return np.sort(np.argsort(-counts, kind="stable")[:draft_vocab])
 
