@@ -140,13 +140,12 @@ def dense_metadata(batch: int, length: int) -> AttentionMetadata:
         length: tokens per row ``T``, at positions ``0 .. T - 1``.
 
     Returns:
-        ``AttentionMetadata``: causal over the ``T`` fresh tokens (``causal=True``: a fused causal attention may
-        run), no committed prefix, an empty page table and nothing written (``target.forward(tokens, meta, None)``).
+        ``AttentionMetadata``: causal over the ``T`` fresh tokens, no committed prefix, an empty page table and
+        nothing written (``target.forward(tokens, meta, None)``).
     """
     pos = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32)[None], (batch, length))
     return AttentionMetadata(positions=pos, qmask=causal_qmask(batch, length),
-                             prefix_lens=jnp.zeros((batch,), jnp.int32), page_table=jnp.zeros((batch, 0), jnp.int32),
-                             causal=True)
+                             prefix_lens=jnp.zeros((batch,), jnp.int32), page_table=jnp.zeros((batch, 0), jnp.int32))
 
 
 def _rows(req_to_token, req_pool_indices, b):

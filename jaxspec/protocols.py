@@ -69,10 +69,6 @@ class AttentionMetadata:
                  of the call (``jaxspec.kernels.invariant_matmul`` / ``invariant_attention``): a target that
                  declares ``supports_batch_invariant = True`` honours it; engines set it on the target's
                  forwards only, in their batch-invariant mode.
-    causal:      (static) ``qmask`` is ``causal_qmask``, every row's positions are ``0 .. Q - 1`` and there is no
-                 prefix (``pipeline.dense_metadata``: a dense forward, training): a dense forward (no cache) may
-                 then run a fused causal attention instead of reading ``qmask`` (``implementation="reference"``
-                 keeps the masked jnp reference).
 
     Fresh tokens attend to the prefix (positions ``< prefix_lens``) and to the fresh tokens ``qmask``
     allows; their own K/V goes to ``write_locs``, which lie past the prefix, so attention never reads from the
@@ -88,7 +84,6 @@ class AttentionMetadata:
     implementation: Implementation = dataclasses.field(default="auto", metadata=dict(static=True))
     interpret: bool = dataclasses.field(default=False, metadata=dict(static=True))
     batch_invariant: bool = dataclasses.field(default=False, metadata=dict(static=True))
-    causal: bool = dataclasses.field(default=False, metadata=dict(static=True))
 
     def prefix_slots(self, width: int) -> jax.Array:
         """``i32[B, width]``: the slot of each logical position ``< width`` (for gather-based attention)."""

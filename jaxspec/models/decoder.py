@@ -241,12 +241,7 @@ class SelfAttention(nnx.Module):
         v = qkv[:, :, hq + hkv:]
         if inv is not None:
             out, cache = self._invariant_attention(q, k, v, meta, cache, layer, inv)
-        elif cache is None and meta.causal and meta.implementation != "reference":
-            # dense causal forward (training's teacher): one fused attention, no [B, H, Q, Q] scores in memory
-            # on a GPU (cuDNN's flash attention where it applies, else XLA's); softmax in f32 either way
-            with jax.default_matmul_precision("highest" if q.dtype == jnp.float32 else "default"):  # no TF32
-                out = jax.nn.dot_product_attention(q, k, v.astype(q.dtype), scale=e**-0.5, is_causal=True)
-        elif cache is None:  # dense forward (tests, other masks): no prefix and nothing paged, so the jnp reference
+        elif cache is None:  # dense forward (training, tests): no prefix and nothing paged, so the jnp reference
             pool = k.reshape(b * nq, hkv, e)
             out = paged_attention(q, k, v, pool, pool, meta.page_table[:, :0], meta.prefix_lens, meta.qmask,
                                   page_size=1, sm_scale=e**-0.5, implementation="reference")
