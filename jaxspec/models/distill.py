@@ -139,23 +139,18 @@ def eagle3_student_losses(draft, target_embed, teacher: Eagle3Teacher, tokens, m
     positions = dense_metadata(b, t).positions
     outs = draft.ttt_forward(_input_embeddings(target_embed, tokens, ttt_length), draft.project(teacher.aux),
                              positions)
-
-    @jax.checkpoint  # the step's f32 [B, T, Vd] logits are recomputed in the backward pass, never kept for it
-    def scored(out, p, top, pm):
-        lg = draft.logits(out)
-        logp = jax.nn.log_softmax(lg, axis=-1)
-        hit = (jnp.argmax(lg, -1) == top) & pm
-        return -jnp.sum(jnp.where(pm, jnp.sum(p * logp, -1), 0.0)), jnp.sum(hit.astype(jnp.float32))
-
     losses, accs = [], []
     for k, out in enumerate(outs):
         r = max(t - 2 - k, 0)  # rows t whose predicted token t + 2 + k lies in the sequence
         lm = mask[:, 2 + k:]
         pm = lm & teacher.in_draft[:, 1 + k:t - 1]
+        lg = draft.logits(out[:, :r])
+        logp = jax.nn.log_softmax(lg, axis=-1)
         n = jnp.maximum(jnp.sum(lm.astype(jnp.float32)), 1.0)
-        loss, hits = scored(out[:, :r], teacher.probs[:, 1 + k:t - 1], teacher.top[:, 1 + k:t - 1], pm)
-        losses.append(loss / n)
-        accs.append(hits / n)
+        p = teacher.probs[:, 1 + k:t - 1]
+        losses.append(-jnp.sum(jnp.where(pm, jnp.sum(p * logp, -1), 0.0)) / n)
+        hit = (jnp.argmax(lg, -1) == teacher.top[:, 1 + k:t - 1]) & pm
+        accs.append(jnp.sum(hit.astype(jnp.float32)) / n)
     return jnp.stack(losses), jnp.stack(accs)
 
 
