@@ -141,14 +141,14 @@ def test_adaptive_loop_has_no_conditional(adaptive, prompts):
 
 def test_policy_choice_probe_and_average():
     ps = init_policy_state([1.0, 2.0, 4.0], [1.0, 4.0, 4.0])
-    pol = AdaptivePolicy(ema_weight=0.5, probe_interval=3, probe_rounds=1)
+    pol = AdaptivePolicy(ema_weight=0.5, probe_interval=3, probe_rounds=1, probe_requests=1)
     np.testing.assert_array_equal(np.asarray(ps.seen), [1, 0, 0])
     assert int(choose_mode(pol, ps)) == 1  # optimistic start: 4/2 beats 1/1 and 4/4
     ps = update_policy(pol, ps, jnp.int32(1), jnp.float32(3.0))  # first chain round: 3 replaces the start 4
     np.testing.assert_allclose(np.asarray(ps.accept), [1.0, 3.0, 4.0])
     np.testing.assert_array_equal(np.asarray(ps.idle), [1, 0, 1])
     np.testing.assert_array_equal(np.asarray(ps.mode_rounds), [0, 1, 0])
-    np.testing.assert_array_equal(np.asarray(ps.seen), [1, 1, 0])
+    assert int(ps.seen[1]) == 1  # one request-round since the restart
     np.testing.assert_array_equal(np.asarray(ps.backoff), [1, 1, 1])  # 3/2 is the best rate: no back-off
     ps = update_policy(pol, ps, jnp.int32(1), jnp.float32(0.5))  # then averaged: (3 + 0.5) / 2 = 1.75
     np.testing.assert_allclose(np.asarray(ps.accept), [1.0, 1.75, 4.0])
@@ -166,14 +166,17 @@ def test_policy_choice_probe_and_average():
     assert int(ps.idle[1]) == 11 and int(choose_mode(pol, ps)) == 0
     ps = plain_rounds(ps, 1)
     assert int(choose_mode(pol, ps)) == 1
-    ps = update_policy(pol, ps, jnp.int32(1), jnp.float32(1.0))  # a lost probe: (1.75 + 1) / 2, back-off 4
-    np.testing.assert_allclose(np.asarray(ps.accept), [1.0, 1.375, 4.0])
+    # a probe after >= probe_interval idle rounds measures afresh: its round replaces the old 1.75; lost: back-off 4
+    ps = update_policy(pol, ps, jnp.int32(1), jnp.float32(1.0))
+    np.testing.assert_allclose(np.asarray(ps.accept), [1.0, 1.0, 4.0])
+    assert int(ps.seen[1]) == 1  # one request-round since the restart
     np.testing.assert_array_equal(np.asarray(ps.backoff), [1, 4, 1])
     ps = plain_rounds(ps, 23)
     assert int(choose_mode(pol, ps)) == 0  # 23 < 3 * 4 * 2
     ps = plain_rounds(ps, 1)
     assert int(choose_mode(pol, ps)) == 1
-    ps = update_policy(pol, ps, jnp.int32(1), jnp.float32(4.0))  # a won probe: 2.6875 / 2 > 1, back-off reset
+    ps = update_policy(pol, ps, jnp.int32(1), jnp.float32(4.0))  # a won probe: 4 / 2 > 1, back-off reset
+    np.testing.assert_allclose(float(ps.accept[1]), 4.0)
     np.testing.assert_array_equal(np.asarray(ps.backoff), [1, 1, 1])
     assert int(choose_mode(pol, ps)) == 1
     ps = dataclasses.replace(ps, round_cost=jnp.asarray([1.0, 5.0, 5.0]))
@@ -184,7 +187,7 @@ def test_policy_choice_probe_and_average():
 def test_policy_probes_run_probe_rounds_and_average_them():
     """A speculative mode, once it runs, runs ``probe_rounds`` rounds in a row and is judged on their mean (weights
     ``max(ema_weight, 1/n)``): one bad round does not switch it off; the back-off doubles once per lost probe."""
-    pol = AdaptivePolicy(ema_weight=0.25, probe_interval=2, probe_rounds=3)
+    pol = AdaptivePolicy(ema_weight=0.25, probe_interval=2, probe_rounds=3, probe_requests=1)
     ps = init_policy_state([1.0, 1.5], [1.0, 4.0])
     assert int(choose_mode(pol, ps)) == 1  # optimistic 4 / 1.5
     ps = update_policy(pol, ps, jnp.int32(1), jnp.float32(1.0))  # rate 1/1.5 < plain, yet the probe goes on
@@ -258,7 +261,7 @@ def test_engine_warm_start(adaptive, model, prompts, plain):
 
 
 @pytest.mark.parametrize("bad, match", [
-    (dict(ema_weight=0.0), "ema_weight"), (dict(ema_weight=1.5), "ema_weight"), (dict(probe_interval=0), "probe_interval"),
+    (dict(ema_weight=0.0), "ema_weight"), (dict(ema_weight=1.5), "ema_weight"), (dict(probe_interval=0), "probe_interval"), (dict(probe_requests=0), "probe_requests"),
 ])
 def test_policy_validation(bad, match):
     with pytest.raises(ValueError, match=match):
@@ -344,3 +347,64 @@ def test_run_decode_matches_generate_and_stops_at_max_rounds(model, prompts):
     part = eng.run_decode(state, max_rounds=2)
     assert np.asarray(part.num_rounds)[: len(prompts)].tolist() == [2] * len(prompts)
     _same(Engine.result(eng.run_decode(part), len(prompts)), ref)
+
+
+def test_policy_weighs_a_round_by_its_requests():
+    """A round of ``n`` active requests weighs as ``n`` request-rounds of ``ema_weight`` each (once the average has
+    ``1 / ema_weight`` of them): the same as ``n`` one-request rounds of that mean; a round of none changes nothing."""
+    pol = AdaptivePolicy(ema_weight=0.125, probe_interval=1000, probe_rounds=1)
+    ps = init_policy_state([1.0, 1.2], [1.0, 4.0])
+    ps = update_policy(pol, ps, jnp.int32(1), jnp.float32(3.0), jnp.int32(16))  # first round replaces the start
+    np.testing.assert_allclose(float(ps.accept[1]), 3.0)
+    assert int(ps.seen[1]) == 16
+    one = ps
+    for _ in range(8):
+        one = update_policy(pol, one, jnp.int32(1), jnp.float32(2.0), jnp.int32(1))
+    many = update_policy(pol, ps, jnp.int32(1), jnp.float32(2.0), jnp.int32(8))
+    np.testing.assert_allclose(float(many.accept[1]), float(one.accept[1]), rtol=1e-6)
+    np.testing.assert_allclose(float(many.accept[1]), 2.0 + (1 - 0.125) ** 8, rtol=1e-6)
+    none = update_policy(pol, many, jnp.int32(1), jnp.float32(0.0), jnp.int32(0))
+    np.testing.assert_allclose(float(none.accept[1]), float(many.accept[1]))
+    # before 1 / ema_weight = 8 request-rounds, their plain mean: 2 at 3.0, then 1 at 1.0 -> 7 / 3
+    few = init_policy_state([1.0, 1.2], [1.0, 4.0])
+    few = update_policy(pol, few, jnp.int32(1), jnp.float32(3.0), jnp.int32(2))
+    few = update_policy(pol, few, jnp.int32(1), jnp.float32(1.0), jnp.int32(1))
+    np.testing.assert_allclose(float(few.accept[1]), 7 / 3, rtol=1e-6)
+
+
+@pytest.mark.parametrize("mean_accept", [2.1, 1.1])
+def test_policy_at_batch_one_keeps_the_better_mode(mean_accept):
+    """At batch 1 a round's accept length is a single draw (1 to ``S + 1``): the policy must not switch a chain that
+    pays (mean accept 2.1 where 1.2 breaks even: the chain-of-3 round costs 1.2 plain rounds, as measured on the
+    GPU) off on a run of rejections, nor keep a chain that does not pay (mean 1.1). Rounds drawn from a chain
+    whose drafts are accepted with probability ``a`` each (mean ``1 + a + a**2 + a**3``), fresh seed; tokens per
+    unit of cost over 600 rounds >= 0.93 of the better fixed mode's expectation (the draws' own noise is ~2%)."""
+    pol = AdaptivePolicy()
+    cost = [1.0, 1.2]
+    choose = jax.jit(lambda ps: choose_mode(pol, ps))
+    update = jax.jit(lambda ps, m, acc: update_policy(pol, ps, m, acc, jnp.int32(1)))
+    a = next(x for x in np.linspace(0, 1, 100001) if 1 + x + x**2 + x**3 >= mean_accept)
+    rng = np.random.default_rng()
+    ps = init_policy_state(cost, [1.0, 4.0])
+    tokens = spent = 0.0
+    for _ in range(600):
+        mode = int(choose(ps))
+        accept = 1.0 if mode == 0 else 1.0 + float(np.argmin(np.append(rng.random(3) < a, False)))
+        ps = update(ps, jnp.int32(mode), jnp.float32(accept))
+        tokens, spent = tokens + accept, spent + cost[mode]
+    best = max(1.0 / cost[0], mean_accept / cost[1])
+    assert tokens / spent >= 0.93 * best, (tokens / spent, best, np.asarray(ps.mode_rounds))
+
+
+def test_policy_fresh_average_runs_until_probe_requests():
+    """A fresh average (a mode's first run) goes on past ``probe_rounds`` rounds until it holds ``probe_requests``
+    request-rounds: at batch 1 that is ``probe_requests`` rounds, at batch 16 the first round; then it is judged."""
+    pol = AdaptivePolicy(probe_interval=1000, probe_rounds=2, probe_requests=6)
+    for rows, rounds in ((1, 6), (16, 2), (4, 2), (3, 2), (2, 3)):
+        ps = init_policy_state([1.0, 1.5], [1.0, 4.0])
+        ran = 0
+        while int(choose_mode(pol, ps)) == 1:  # every round accepts 1: the chain loses once judged
+            ps = update_policy(pol, ps, jnp.int32(1), jnp.float32(1.0), jnp.int32(rows))
+            ran += 1
+        assert ran == rounds, (rows, ran)
+        assert int(ps.backoff[1]) == 2

@@ -6,18 +6,25 @@ bucket; rows of finished requests are still computed, so the cost of a round dep
 (static, one executable per bucket), never on how many requests are left, and the best mode is the one with
 the highest ``accept(m) / round_cost[m]``. ``round_cost`` is measured on the device for the bucket
 (``Engine.calibrate``, values in the state: new costs never recompile); ``accept`` is a running average of
-the accept lengths the mode had (``ema_weight``), starting optimistic (``S + 1``) until the mode's first
-round, whose accept length replaces it (no slow decay from the optimistic start); the ``n``-th round of a mode
-weighs ``max(ema_weight, 1 / n)`` (a plain mean until the average has enough rounds). A speculative mode, once
-it runs, runs at least ``probe_rounds`` rounds in a row: one round's accept length at a small batch is too noisy
-to switch a shape off on.
+the accept lengths the mode had, counted per request-round: a round of ``n`` active requests weighs as ``n``
+observations of weight ``ema_weight`` each (``1 - (1 - ema_weight) ** n``), so one request's round at batch 1
+moves the average little (its accept length is 1 to ``S + 1``, a single draw) and a round of 32 requests,
+whose mean is already an average, moves it much; until the mode has ``1 / ema_weight`` request-rounds the
+average is their plain mean (weight ``max(that, n / seen)``, ``seen`` the request-rounds so far). It starts
+optimistic (``S + 1``) until the mode's first round, whose accept length replaces it. A speculative mode, once
+it runs, runs at least ``probe_rounds`` rounds in a row, and a mode whose average is fresh (its first run, or a
+probe) at least until the average holds ``probe_requests`` request-rounds: at batch 1 four rounds are four
+single draws, too few to switch a shape off on.
 
 Probes: a speculative mode that is not the best runs again (``probe_rounds`` rounds) when its optimistic rate
 could beat the best and it has waited ``probe_interval * backoff[m]`` rounds of its own cost (``idle[m] *
 round_cost[best] >= probe_interval * backoff[m] * round_cost[m]``), so a shape switched off by low acceptance is
-tried again when the text gets easier, and probing a losing shape costs at most ``probe_rounds /
-probe_interval`` of the time, halving after each probe it loses (``backoff`` doubles, up to ``MAX_BACKOFF``; a
-round in which the mode is the best resets it to 1).
+tried again when the text gets easier. A probe measures afresh: a mode that starts a run after ``probe_interval``
+idle rounds or more forgets its old average (its first round replaces it, as the first round replaces the
+optimistic start), so an average learned on other text (or in an earlier call) never keeps a good shape off.
+Probing a losing shape costs at most ``probe_rounds / probe_interval`` of the time, halving after each probe it
+loses (``backoff`` doubles, up to ``MAX_BACKOFF``, so a shape is probed at least every ``probe_interval *
+MAX_BACKOFF`` rounds of its cost; a round in which the mode is the best resets it to 1).
 
 Warm start (``AdaptivePolicy.warm_start``, on by default): the engine keeps each batch bucket's running
 accept lengths, probe waits and back-offs from one decode call to the next (``Engine.policy_memory``): how
@@ -38,25 +45,29 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-MAX_BACKOFF = 1024  # the longest probe wait, in multiples of probe_interval
+MAX_BACKOFF = 16  # the longest probe wait, in multiples of probe_interval
 
 
 @dataclasses.dataclass(frozen=True)
 class AdaptivePolicy:
     """Static settings of adaptive speculation (``Engine(..., spec=(...), adaptive=AdaptivePolicy())``).
 
-    ema_weight: weight of the newest round in a mode's running accept length, in ``(0, 1]``.
+    ema_weight: weight of one request's round in a mode's running accept length, in ``(0, 1]`` (a round of ``n``
+      active requests weighs ``1 - (1 - ema_weight) ** n``; module docstring).
     probe_interval: a losing speculative mode is probed again after this many rounds' worth of its own round
       cost (>= 1; module docstring): probing costs at most ``probe_rounds / probe_interval`` of the time.
     probe_rounds: the fewest rounds a speculative mode runs in a row once it runs (>= 1), so that its accept
       length is judged on more than one round.
+    probe_requests: the fewest request-rounds a fresh average (a mode's first run, or a probe) is judged on
+      (>= 1): a run goes on past ``probe_rounds`` rounds until its average holds that many.
     warm_start: carry each batch bucket's learned acceptance from one decode call to the next
       (``Engine.policy_memory``); ``False``: every call starts from the optimistic prior and explores.
     """
 
-    ema_weight: float = 0.25
+    ema_weight: float = 1 / 32
     probe_interval: int = 64
     probe_rounds: int = 4
+    probe_requests: int = 16
     warm_start: bool = True
 
     def __post_init__(self):
@@ -69,6 +80,9 @@ class AdaptivePolicy:
         r = self.probe_rounds
         if isinstance(r, bool) or not isinstance(r, int) or r < 1:
             raise ValueError(f"AdaptivePolicy.probe_rounds: expected an int >= 1, got {r!r}")
+        q = self.probe_requests
+        if isinstance(q, bool) or not isinstance(q, int) or q < 1:
+            raise ValueError(f"AdaptivePolicy.probe_requests: expected an int >= 1, got {q!r}")
         if not isinstance(self.warm_start, bool):
             raise ValueError(f"AdaptivePolicy.warm_start: expected a bool, got {self.warm_start!r}")
 
@@ -81,7 +95,8 @@ class PolicyState:
     round_cost: ``f32[M]`` seconds per round of each mode at this batch bucket (``Engine.calibrate``).
     max_accept: ``f32[M]`` the most a round of each mode can accept (plain 1, spec ``S + 1``).
     accept: ``f32[M]`` running accept length per mode (plain fixed at 1).
-    seen: ``i32[M]`` rounds the mode ran (its average's count; 0: ``accept`` is the optimistic start; plain 1).
+    seen: ``i32[M]`` request-rounds in the mode's average since it (re)started (0: ``accept`` is the optimistic
+      start, or is forgotten at the next round; plain 1).
     streak: ``i32[M]`` rounds the mode ran in a row up to the last round (0 for the modes that did not run it).
     idle: ``i32[M]`` rounds since each mode last ran.
     backoff: ``i32[M]`` probe wait multiplier per mode (1 .. ``MAX_BACKOFF``).
@@ -123,13 +138,21 @@ def init_policy_state(round_cost, max_accept, learned: PolicyState | None = None
     )
 
 
+def _short_of_evidence(policy: AdaptivePolicy, streak, seen):
+    """Whether a speculative run of ``streak`` rounds must go on: fewer than ``probe_rounds`` rounds, or an
+    average of fewer than ``probe_requests`` request-rounds (``seen`` counts since the average's last restart,
+    so only a fresh one can be short)."""
+    return (streak < policy.probe_rounds) | (seen < policy.probe_requests)
+
+
 def choose_mode(policy: AdaptivePolicy, ps: PolicyState) -> jax.Array:
-    """``i32[]`` mode of the next round: a speculative mode short of ``probe_rounds`` rounds in a row goes on;
-    else the best ``accept / round_cost``, or a due probe (lowest mode first)."""
+    """``i32[]`` mode of the next round: a speculative mode short of ``probe_rounds`` rounds in a row (or of
+    ``probe_requests`` request-rounds in a fresh average) goes on; else the best ``accept / round_cost``, or a due
+    probe (lowest mode first)."""
     rate = ps.accept / ps.round_cost
     best = jnp.argmax(rate).astype(jnp.int32)
     m = rate.shape[0]
-    going = (ps.streak > 0) & (ps.streak < policy.probe_rounds) & (jnp.arange(m) > 0)
+    going = (ps.streak > 0) & (jnp.arange(m) > 0) & (_short_of_evidence(policy, ps.streak, ps.seen))
     could_win = ps.max_accept / ps.round_cost > rate[best]
     waited = ps.idle.astype(jnp.float32) * ps.round_cost[best]
     wait = jnp.float32(policy.probe_interval) * ps.backoff.astype(jnp.float32) * ps.round_cost
@@ -138,21 +161,30 @@ def choose_mode(policy: AdaptivePolicy, ps: PolicyState) -> jax.Array:
     return jnp.where(jnp.any(going), jnp.argmax(going).astype(jnp.int32), pick)
 
 
-def update_policy(policy: AdaptivePolicy, ps: PolicyState, mode: jax.Array, accept: jax.Array) -> PolicyState:
-    """Fold the round's mean accept length (over its active requests) into mode ``mode``'s average with weight
-    ``max(ema_weight, 1 / n)`` for its ``n``-th round (the first replaces the optimistic start); the mode's
-    back-off resets if it is now the best, else doubles (once per probe: at its ``probe_rounds``-th round in a row
-    or later)."""
+def update_policy(policy: AdaptivePolicy, ps: PolicyState, mode: jax.Array, accept: jax.Array,
+                  rows: jax.Array | int = 1) -> PolicyState:
+    """Fold the round's mean accept length ``accept`` over its ``rows`` active requests (``f32[]``, ``i32[]``)
+    into mode ``mode``'s average with weight ``max(1 - (1 - ema_weight) ** rows, rows / seen)`` (``seen`` its
+    request-rounds including these; a mode starting a run after ``probe_interval`` idle rounds or more restarts
+    its average, so its first round replaces it); the mode's back-off resets if it is now the best, else doubles
+    (once per probe: at its ``probe_rounds``-th round in a row or later). A round of no active request changes no
+    average."""
     m = ps.accept.shape[0]
     hit = jnp.arange(m) == mode
-    seen = jnp.where(hit, jnp.minimum(ps.seen + 1, 2**30), ps.seen)
-    w = jnp.maximum(jnp.float32(policy.ema_weight), 1.0 / jnp.maximum(seen, 1).astype(jnp.float32))
+    n = jnp.asarray(rows, jnp.int32)
+    fresh = (ps.streak == 0) & (ps.idle >= policy.probe_interval)  # a probe measures afresh
+    seen0 = jnp.where(fresh & hit & (mode > 0), 0, ps.seen)
+    seen = jnp.where(hit, jnp.minimum(seen0 + n, 2**30), seen0)
+    nf = n.astype(jnp.float32)
+    w_ema = 1.0 - jnp.power(1.0 - jnp.float32(policy.ema_weight), nf)
+    w = jnp.maximum(w_ema, nf / jnp.maximum(seen, 1).astype(jnp.float32))
     avg = (1 - w) * ps.accept + w * accept
-    new = jnp.where(hit & (mode > 0), avg, ps.accept)
+    new = jnp.where(hit & (mode > 0) & (n > 0), avg, ps.accept)
     rate = new / ps.round_cost
     wins = rate[mode] >= jnp.max(rate)
     streak = jnp.where(hit, ps.streak + 1, 0)
-    lost = jnp.where(streak >= policy.probe_rounds, jnp.minimum(ps.backoff * 2, MAX_BACKOFF), ps.backoff)
+    judged = ~_short_of_evidence(policy, streak, seen)
+    lost = jnp.where(judged, jnp.minimum(ps.backoff * 2, MAX_BACKOFF), ps.backoff)
     backoff = jnp.where(hit & (mode > 0), jnp.where(wins, 1, lost), ps.backoff)
     return dataclasses.replace(
         ps, accept=new, seen=seen, streak=streak, idle=jnp.where(hit, 0, ps.idle + 1), backoff=backoff,

@@ -333,12 +333,12 @@ def plain_step(target, opts: EngineOptions, state: DecodeState, drafter=None) ->
 def adaptive_step(target, drafter, opts: EngineOptions, state: DecodeState) -> DecodeState:
     """One round of adaptive speculation (``Engine.run_step``; the compiled loop is ``decode_loop``):
     ``policy.choose_mode`` picks plain decoding (mode 0) or draft shape ``opts.specs[m - 1]``, one
-    ``lax.switch`` runs that round, and the round's mean accept length over its active requests updates the
-    policy state."""
+    ``lax.switch`` runs that round, and the round's mean accept length over its active requests (and their
+    number) updates the policy state."""
     ps = state.policy
     mode = choose_mode(opts.adaptive, ps)
     new = jax.lax.switch(mode, _mode_branches(target, drafter, opts), state)
-    return dataclasses.replace(new, policy=update_policy(opts.adaptive, ps, mode, _round_accept(state, new)))
+    return dataclasses.replace(new, policy=update_policy(opts.adaptive, ps, mode, *_round_accept(state, new)))
 
 
 def _mode_branches(target, drafter, opts: EngineOptions) -> list:
@@ -347,10 +347,11 @@ def _mode_branches(target, drafter, opts: EngineOptions) -> list:
     return out + [functools.partial(spec_step, target, drafter, opts, which=i) for i in range(len(opts.specs))]
 
 
-def _round_accept(old: DecodeState, new: DecodeState) -> jax.Array:
-    """Mean accept length of the round ``old -> new`` over its active requests (f32[])."""
-    rounds = jnp.sum(new.num_rounds - old.num_rounds).astype(jnp.float32)
-    return jnp.sum(new.num_accepted - old.num_accepted).astype(jnp.float32) / jnp.maximum(rounds, 1.0)
+def _round_accept(old: DecodeState, new: DecodeState) -> tuple[jax.Array, jax.Array]:
+    """``(mean accept length f32[], active requests i32[])`` of the round ``old -> new``."""
+    rounds = jnp.sum(new.num_rounds - old.num_rounds)
+    accepted = jnp.sum(new.num_accepted - old.num_accepted).astype(jnp.float32)
+    return accepted / jnp.maximum(rounds, 1).astype(jnp.float32), rounds.astype(jnp.int32)
 
 
 def decode_loop(target, drafter, opts: EngineOptions, state: DecodeState, force_mode=None, max_rounds=None,
@@ -380,7 +381,7 @@ def decode_loop(target, drafter, opts: EngineOptions, state: DecodeState, force_
     def segment(mode: int, step):
         def body(c):
             new = step(c[0])
-            ps = update_policy(opts.adaptive, c[0].policy, jnp.int32(mode), _round_accept(c[0], new))
+            ps = update_policy(opts.adaptive, c[0].policy, jnp.int32(mode), *_round_accept(c[0], new))
             return dataclasses.replace(new, policy=ps), c[1] + 1
 
         return lambda c: jax.lax.while_loop(lambda c: live(c) & (pick(c[0]) == mode), body, c)
