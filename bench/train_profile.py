@@ -4,14 +4,15 @@ download): the target's forward (``teacher``), the draft's training-time test fo
 optimizer (``update``), and the step as training runs it, per draft vocabulary.
 
 ``python bench/train_profile.py --out train_profile.json [--batch 64] [--seq 329] [--ttt-length 7]
-[--draft-vocabs 8192,32768] [--reps 5] [--fused] [--device cpu|gpu|auto]``
+[--draft-vocabs 8192,32768] [--teacher-attention reference,cudnn] [--reps 5] [--fused] [--device cpu|gpu|auto]``
 
 The recipe's shape (``bench/train_heads.sh``): batch 64, sequences of at most 3 + 64 + 6 + 256 = 329 tokens (user
 prefix, user turn, assistant prefix, reply), TTT 7, the loss over the reply rows. Each stage is jitted alone and
 timed ``--reps`` times after a warm-up call (median, blocking on its result); ``step`` is the three stages called
 back to back, blocking once at the end; ``--fused`` also times ``DistillStep.step``, the single jitted function
 ``jaxspec.train_draft`` runs (one more compilation). bf16 weights on a GPU, f32 on the CPU. Tokens per second count
-``batch * seq`` per step. Writes JSON to ``--out``.
+``batch * seq`` per step. ``--teacher-attention``: the teacher's dense attention (``pipeline.dense_metadata``'s
+``attention``), one row per value and vocabulary: the A/B of the same step in one run. Writes JSON to ``--out``.
 """
 
 import json
@@ -44,7 +45,7 @@ def _median_ms(fn, reps: int) -> float:
 
 
 def profile(cfg, *, batch: int, seq: int, draft_vocab: int, ttt_length: int, reps: int, fused: bool,
-            reply_start: int = 73, seed: int = 0) -> dict:
+            reply_start: int = 73, seed: int = 0, teacher_attention: str = "reference") -> dict:
     """One draft vocabulary's stage times (milliseconds) and tokens per second."""
     import jax
     import jax.numpy as jnp
@@ -64,7 +65,8 @@ def profile(cfg, *, batch: int, seq: int, draft_vocab: int, ttt_length: int, rep
     ecfg = Eagle3Config.for_target(cfg, draft_vocab_size=vd, aux_layer_ids=ids)
     d2t = np.sort(np.random.default_rng(seed).choice(cfg.vocab_size, vd, replace=False)) - np.arange(vd)
     head = EAGLE3Model(ecfg, rngs=nnx.Rngs(seed + 1), param_dtype=dtype, kv_dtype=target.kv_dtype, d2t=d2t)
-    ds = distill_step(target, head, "eagle3", steps=1000, lr=5e-4, ttt_length=ttt_length)
+    ds = distill_step(target, head, "eagle3", steps=1000, lr=5e-4, ttt_length=ttt_length,
+                      teacher_attention=teacher_attention)
     rng = np.random.default_rng(seed)
     toks = jnp.asarray(rng.integers(0, cfg.vocab_size, (batch, seq)), jnp.int32)
     mask = np.zeros((batch, seq), bool)
@@ -81,7 +83,8 @@ def profile(cfg, *, batch: int, seq: int, draft_vocab: int, ttt_length: int, rep
         g, lo, _ = ds.student(m, fr, ds.teacher(m, fr, toks), toks, msk)
         return ds.update(m, o, g), lo
 
-    row = dict(draft_vocab=vd, batch=batch, seq=seq, ttt_length=ttt_length, dtype=jnp.dtype(dtype).name,
+    row = dict(draft_vocab=vd, teacher_attention=teacher_attention, batch=batch, seq=seq, ttt_length=ttt_length,
+               dtype=jnp.dtype(dtype).name,
                compile_s=round(compile_s, 1), loss_step0=float(losses[0]),
                teacher_ms=_median_ms(lambda: ds.teacher(m, fr, toks), reps),
                student_ms=_median_ms(lambda: ds.student(m, fr, teach, toks, msk), reps),
@@ -102,6 +105,8 @@ def main(argv=None):
     ap.add_argument("--seq", type=int, default=329, help="tokens per sequence")
     ap.add_argument("--ttt-length", type=int, default=7, help="training-time test steps")
     ap.add_argument("--draft-vocabs", default="8192,32768", help="comma-separated draft vocabularies (49152: all)")
+    ap.add_argument("--teacher-attention", default="reference",
+                    help="comma list of the teacher's dense attention: reference, xla, cudnn (GPU, bf16)")
     ap.add_argument("--layers", type=int, default=30, help="target layers (SmolLM2-135M: 30; fewer for a smoke run)")
     ap.add_argument("--reps", type=int, default=5, help="timed calls per stage (median)")
     ap.add_argument("--fused", action="store_true", help="also time the single jitted step training runs")
@@ -113,15 +118,20 @@ def main(argv=None):
     vocabs = [int(v) for v in args.draft_vocabs.split(",") if v.strip()]
     if not vocabs or min(vocabs) < 1:
         raise ValueError(f"--draft-vocabs: expected positive integers, got {args.draft_vocabs!r}")
+    atts = [a.strip() for a in args.teacher_attention.split(",") if a.strip()]
+    if not atts or any(a not in ("reference", "xla", "cudnn") for a in atts):
+        raise ValueError(f"--teacher-attention: expected a comma list of reference, xla, cudnn, got "
+                         f"{args.teacher_attention!r}")
     import jax
 
     cfg = smollm2_135m_config(args.layers)
     rows = []
     for vd in vocabs:
-        row = profile(cfg, batch=args.batch, seq=args.seq, draft_vocab=vd, ttt_length=args.ttt_length,
-                      reps=args.reps, fused=args.fused)
-        rows.append(row)
-        print(json.dumps(row), flush=True)
+        for att in atts:
+            row = profile(cfg, batch=args.batch, seq=args.seq, draft_vocab=vd, ttt_length=args.ttt_length,
+                          reps=args.reps, fused=args.fused, teacher_attention=att)
+            rows.append(row)
+            print(json.dumps(row), flush=True)
     result = dict(backend=jax.default_backend(), device=str(jax.devices()[0].device_kind),
                   target="SmolLM2-135M shape, random weights", layers=args.layers, rows=rows)
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)

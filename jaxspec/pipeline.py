@@ -132,20 +132,29 @@ def causal_qmask(batch: int, q: int) -> Bool[Array, "B Q Q"]:
     return jnp.broadcast_to(m[None], (batch, q, q))
 
 
-def dense_metadata(batch: int, length: int) -> AttentionMetadata:
+DENSE_ATTENTION = ("reference", "xla", "cudnn")  # dense_metadata(attention=)
+
+
+def dense_metadata(batch: int, length: int, *, attention: str = "reference") -> AttentionMetadata:
     """Metadata of a dense causal forward with no KV cache (training, teacher forcing).
 
     Args:
         batch: rows ``B``.
         length: tokens per row ``T``, at positions ``0 .. T - 1``.
+        attention: ``"reference"`` (default): the masked jnp reference over ``[B, H, T, T]`` f32 scores;
+            ``"xla"`` / ``"cudnn"``: ``jax.nn.dot_product_attention`` with ``is_causal`` and that implementation
+            (``"cudnn"``: the fused flash attention, 16-bit activations on a GPU).
 
     Returns:
         ``AttentionMetadata``: causal over the ``T`` fresh tokens, no committed prefix, an empty page table and
         nothing written (``target.forward(tokens, meta, None)``).
     """
+    if attention not in DENSE_ATTENTION:
+        raise ValueError(f"attention: expected one of {DENSE_ATTENTION}, got {attention!r}")
     pos = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32)[None], (batch, length))
     return AttentionMetadata(positions=pos, qmask=causal_qmask(batch, length),
-                             prefix_lens=jnp.zeros((batch,), jnp.int32), page_table=jnp.zeros((batch, 0), jnp.int32))
+                             prefix_lens=jnp.zeros((batch,), jnp.int32), page_table=jnp.zeros((batch, 0), jnp.int32),
+                             causal_attention=None if attention == "reference" else attention)
 
 
 def _rows(req_to_token, req_pool_indices, b):

@@ -69,6 +69,10 @@ class AttentionMetadata:
                  of the call (``jaxspec.kernels.invariant_matmul`` / ``invariant_attention``): a target that
                  declares ``supports_batch_invariant = True`` honours it; engines set it on the target's
                  forwards only, in their batch-invariant mode.
+    causal_attention: (static) ``None``: attention reads ``qmask``. ``"xla"`` / ``"cudnn"``: the metadata is a
+                 dense causal forward (``pipeline.dense_metadata``: ``qmask`` causal, positions ``0 .. Q - 1``, no
+                 prefix, no cache) and a dense forward runs that ``jax.nn.dot_product_attention`` implementation
+                 (``"cudnn"``: its fused flash attention, 16-bit on a GPU) instead of the masked jnp reference.
 
     Fresh tokens attend to the prefix (positions ``< prefix_lens``) and to the fresh tokens ``qmask``
     allows; their own K/V goes to ``write_locs``, which lie past the prefix, so attention never reads from the
@@ -84,6 +88,7 @@ class AttentionMetadata:
     implementation: Implementation = dataclasses.field(default="auto", metadata=dict(static=True))
     interpret: bool = dataclasses.field(default=False, metadata=dict(static=True))
     batch_invariant: bool = dataclasses.field(default=False, metadata=dict(static=True))
+    causal_attention: str | None = dataclasses.field(default=None, metadata=dict(static=True))
 
     def prefix_slots(self, width: int) -> jax.Array:
         """``i32[B, width]``: the slot of each logical position ``< width`` (for gather-based attention)."""

@@ -147,10 +147,12 @@ def _batch(tokens, mask, batch: int, seed: int, step: int):
 def train(target, tokens, mask, *, arch: str, out_dir: str, steps: int, batch: int, lr: float,
           draft_vocab: int = 8192, ttt_length: int = 7, mtp_steps: int = 3, aux_layer_ids=None,
           draft_head_init: str = "random", seed: int = 0, ckpt_every: int = 200, log_every: int = 10,
-          param_dtype=None, dev=None, eval_every: int = 250, eval_steps: int = 3, eval_batch: int = 32, log=print):
+          param_dtype=None, dev=None, eval_every: int = 250, eval_steps: int = 3, eval_batch: int = 32, log=print,
+          teacher_attention: str = "reference"):
     """The training stage; returns ``(head, history)``: an ``EAGLE3Model`` or an ``MTPModel`` (the target with
     the trained layer). Resumes from ``out_dir/train_state`` when it holds a state. ``draft_head_init``
     (EAGLE-3): ``"random"``, or ``"target"`` for the target's LM-head columns of the draft vocabulary.
+    ``teacher_attention``: the frozen target's dense attention in the teacher (``distill_step``'s).
 
     ``dev``: ``(tokens, lens, resp_start)`` of greedy conversations held out of training: every ``eval_every``
     steps (and at the end) the chain of ``eval_steps`` drafts is replayed over them (``jaxspec.models.replay``,
@@ -180,7 +182,8 @@ def train(target, tokens, mask, *, arch: str, out_dir: str, steps: int, batch: i
         head = add_mtp_layers(target, 1, rngs=nnx.Rngs(seed), num_draft_steps=mtp_steps)
     else:
         raise ValueError(f"arch: expected 'eagle3' or 'mtp', got {arch!r}")
-    ds = distill_step(target, head, arch, steps=steps, lr=lr, ttt_length=ttt_length, mtp_steps=mtp_steps)
+    ds = distill_step(target, head, arch, steps=steps, lr=lr, ttt_length=ttt_length, mtp_steps=mtp_steps,
+                      teacher_attention=teacher_attention)
     master, opt_state = ds.master, ds.opt_state
     state_dir = os.path.join(out_dir, "train_state")
     start, history = 0, {"step": [], "loss": [], "accept": [], "seconds": [], "replay": [], "best": None}
@@ -333,6 +336,9 @@ def _parser() -> argparse.ArgumentParser:
                     help="EAGLE-3 draft LM head at the start: random, or the target's LM-head rows of the draft "
                          "vocabulary (SmolLM2: its tied embedding)")
     ap.add_argument("--ttt-length", type=int, default=7, help="EAGLE-3 training-time test steps unrolled")
+    ap.add_argument("--teacher-attention", choices=("reference", "xla", "cudnn"), default="reference",
+                    help="the frozen target's attention in the teacher forward: the masked jnp reference, or "
+                         "jax.nn.dot_product_attention's XLA or cuDNN (flash, GPU, bf16) implementation")
     ap.add_argument("--mtp-steps", type=int, default=3, help="MTP draft steps the one MTP layer is trained over")
     ap.add_argument("--aux-layer-ids", help="EAGLE-3 ids (layer outputs, SGLang's convention); default SGLang's")
     ap.add_argument("--ckpt-every", type=int, default=200, help="steps between training checkpoints")
@@ -408,6 +414,7 @@ def main(argv=None):
         head, history = train(target, tokens, mask, arch=args.arch, out_dir=args.out, steps=args.steps,
                               batch=args.batch, lr=args.lr, draft_vocab=args.draft_vocab, ttt_length=args.ttt_length,
                               mtp_steps=args.mtp_steps, aux_layer_ids=aux_ids, draft_head_init=args.draft_head_init,
+                              teacher_attention=args.teacher_attention,
                               seed=args.seed, ckpt_every=args.ckpt_every, log_every=args.log_every,
                               dev=None if args.dev_data is None else tuple(a[:args.eval_rows]
                                                                           for a in load_data(args.dev_data)),

@@ -241,6 +241,8 @@ class SelfAttention(nnx.Module):
         v = qkv[:, :, hq + hkv:]
         if inv is not None:
             out, cache = self._invariant_attention(q, k, v, meta, cache, layer, inv)
+        elif cache is None and meta.causal_attention is not None:  # dense causal (training's teacher)
+            out = _dense_causal_attention(q, k, v, e**-0.5, meta.causal_attention)
         elif cache is None:  # dense forward (training, tests): no prefix and nothing paged, so the jnp reference
             pool = k.reshape(b * nq, hkv, e)
             out = paged_attention(q, k, v, pool, pool, meta.page_table[:, :0], meta.prefix_lens, meta.qmask,
@@ -284,6 +286,17 @@ class SelfAttention(nnx.Module):
             q.astype(dt), k.astype(dt), v.astype(dt), cache.k, cache.v, meta.page_table, meta.prefix_lens,
             meta.positions, meta.qmask, locs, page_size=meta.page_size, sm_scale=e**-0.5, layer=layer, **inv)
         return out, PagedKVCache(k=k_pool, v=v_pool, req_to_token=cache.req_to_token)
+
+
+def _dense_causal_attention(q, k, v, scale: float, implementation: str):
+    """``jax.nn.dot_product_attention`` over a dense causal forward (``AttentionMetadata.causal_attention``): ``q
+    [B, T, Hq, E]``, ``k, v [B, T, Hkv, E]`` (GQA) -> ``[B, T, Hq, E]`` in q's dtype; f32 at highest precision."""
+    if implementation == "cudnn" and (jax.default_backend() != "gpu" or q.dtype not in (jnp.bfloat16, jnp.float16)):
+        raise ValueError(f"causal_attention: 'cudnn' needs a GPU and 16-bit activations, got backend "
+                         f"{jax.default_backend()!r} and {q.dtype}")
+    with jax.default_matmul_precision("highest" if q.dtype == jnp.float32 else "default"):
+        return jax.nn.dot_product_attention(q, k.astype(q.dtype), v.astype(q.dtype), scale=scale, is_causal=True,
+                                            implementation=implementation)
 
 
 class MLP(nnx.Module):

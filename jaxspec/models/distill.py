@@ -56,13 +56,14 @@ class Eagle3Teacher:
     in_draft: jax.Array
 
 
-def eagle3_teacher(draft, target, tokens) -> Eagle3Teacher:
+def eagle3_teacher(draft, target, tokens, attention: str = "reference") -> Eagle3Teacher:
     """The frozen target's side of the EAGLE-3 losses, computed once per batch.
 
     Args:
         draft: an ``EAGLE3Model`` (only its draft vocabulary is read).
         target: its target (a ``Decoder`` tapping the head's aux layers).
         tokens: ``i32[B, T]`` sequences.
+        attention: the target's dense attention (``pipeline.dense_metadata``'s ``attention``).
 
     Returns:
         An ``Eagle3Teacher`` (gradient-free). The full-vocabulary logits are formed only for their argmax, and not
@@ -73,7 +74,7 @@ def eagle3_teacher(draft, target, tokens) -> Eagle3Teacher:
     from jaxspec.models.eagle3 import target_head_columns
 
     b, t = tokens.shape
-    x, aux, _ = target.trunk(tokens, dense_metadata(b, t), None)
+    x, aux, _ = target.trunk(tokens, dense_metadata(b, t, attention=attention), None)
     h = target.norm(x)
     ids = draft.token_ids[...]
     w = target_head_columns(target, ids)
@@ -192,13 +193,14 @@ def mtp_step_logits(model, tokens, num_steps: int):
     return jax.lax.stop_gradient(logits), out
 
 
-def mtp_teacher(model, tokens):
+def mtp_teacher(model, tokens, attention: str = "reference"):
     """The frozen target's side of the MTP losses, once per batch: ``(hidden f32[B, T, D], labels i32[B, T])``,
-    the last pre-norm hidden (MTP step 0's input) and the target's argmax next token (gradient-free)."""
+    the last pre-norm hidden (MTP step 0's input) and the target's argmax next token (gradient-free);
+    ``attention``: the target's dense attention (``pipeline.dense_metadata``'s)."""
     import jax.numpy as jnp
 
     b, t = tokens.shape
-    x, h, _ = model.trunk(tokens, dense_metadata(b, t), None)
+    x, h, _ = model.trunk(tokens, dense_metadata(b, t, attention=attention), None)
     return jax.lax.stop_gradient((h, jnp.argmax(model.logits(x), -1).astype(jnp.int32)))
 
 

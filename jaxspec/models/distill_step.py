@@ -53,7 +53,7 @@ def _schedule(lr: float, steps: int):
 
 
 def distill_step(target, head, arch: str, *, steps: int, lr: float, ttt_length: int = 7,
-                 mtp_steps: int = 3) -> DistillStep:
+                 mtp_steps: int = 3, teacher_attention: str = "reference") -> DistillStep:
     """The training step of ``head`` against ``target``.
 
     Args:
@@ -65,6 +65,8 @@ def distill_step(target, head, arch: str, *, steps: int, lr: float, ttt_length: 
         lr: the peak learning rate.
         ttt_length: EAGLE-3's training-time test steps.
         mtp_steps: the MTP draft steps.
+        teacher_attention: the frozen target's dense attention in the teacher (``pipeline.dense_metadata``'s
+            ``attention``: ``"reference"``, ``"xla"`` or ``"cudnn"``); the student's attention is its own.
 
     Returns:
         A ``DistillStep``.
@@ -77,13 +79,17 @@ def distill_step(target, head, arch: str, *, steps: int, lr: float, ttt_length: 
     from jaxspec.models.distill import (eagle3_step_logits, eagle3_student_losses, eagle3_teacher, mtp_step_logits,
                                         mtp_student_losses, mtp_teacher)
 
+    from jaxspec.pipeline import DENSE_ATTENTION
+
+    if teacher_attention not in DENSE_ATTENTION:
+        raise ValueError(f"teacher_attention: expected one of {DENSE_ATTENTION}, got {teacher_attention!r}")
     if arch == "eagle3":
         graphdef, params, rest = nnx.split(head, nnx.Param, ...)
         tgd, tstate = nnx.split(target)
         n_steps = ttt_length
 
         def teacher_of(h, frozen, toks):
-            return eagle3_teacher(h, nnx.merge(tgd, frozen[1]), toks)
+            return eagle3_teacher(h, nnx.merge(tgd, frozen[1]), toks, teacher_attention)
 
         def losses_of(h, frozen, teach, toks, msk):
             embed = nnx.merge(tgd, frozen[1]).embed_tokens[...]
@@ -98,7 +104,7 @@ def distill_step(target, head, arch: str, *, steps: int, lr: float, ttt_length: 
         n_steps = mtp_steps
 
         def teacher_of(h, frozen, toks):
-            return mtp_teacher(h, toks)
+            return mtp_teacher(h, toks, teacher_attention)
 
         def losses_of(h, frozen, teach, toks, msk):
             return mtp_student_losses(h, teach, toks, msk, mtp_steps)
