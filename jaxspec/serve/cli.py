@@ -46,6 +46,9 @@ def parser() -> argparse.ArgumentParser:
                    help="batch-invariant forwards (Engine(batch_invariant=True)): a reply does not depend on the "
                         "requests it is batched with, and speculative greedy replies equal plain ones in bf16 too; "
                         "costs speed (docs/serving.md, 'Batch-invariant mode')")
+    p.add_argument("--compilation-cache", metavar="DIR",
+                   help="keep every compiled executable in DIR (JAX's persistent compilation cache): a restart with "
+                        "the same model, options, jax and device loads them instead of compiling its warm-up again")
     p.add_argument("--greedy", action="store_true",
                    help="greedy requests only (temperature 0): the core's greedy executables, which skip the "
                         "sampling work; a request that samples is refused (400)")
@@ -62,7 +65,14 @@ def build(args):
 
     t0 = time.perf_counter()
 
+    import jax  # noqa: PLC0415
     import jax.numpy as jnp  # noqa: PLC0415
+
+    if args.compilation_cache is not None:  # before anything compiles
+        os.makedirs(args.compilation_cache, exist_ok=True)
+        jax.config.update("jax_compilation_cache_dir", os.path.abspath(args.compilation_cache))
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+        jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
     from jaxspec.config import SpecConfig  # noqa: PLC0415
     from jaxspec.engine import Engine  # noqa: PLC0415
