@@ -3,10 +3,11 @@
 # MT-Bench against transformers (bench/real_model.py).  bash bench/gpu_real.sh PART...
 #
 # The GPU machine has no network, so the inputs come with the call (REAL_INPUTS, default ../ of this tree):
-#   $REAL_INPUTS/pN/part0N              the GGUF in parts (`split -b 24590608 -d MODEL.gguf part`: four), one per
+#   $REAL_INPUTS/pN/part0N              the GGUF in parts (`split -n 2 -d MODEL.gguf part`: two of 49 MB), one per
 #                                       call while the machine stays warm (a call carries 64 MiB; the tree is 60 MB
-#                                       with the shipped heads, 13 MB without: the ggufN calls do not read
-#                                       jaxspec/assets/heads, so move it out of the tree for them and back after)
+#                                       with the shipped heads, 13.5 MB without: the ggufN calls do not read
+#                                       jaxspec/assets/heads, so move it out of the tree for them and back after;
+#                                       `gguf` joins whatever parts came, in name order)
 #   $REAL_INPUTS/w/gguf-*.whl           the gguf package (pure Python; not in the GPU image)
 #   $REAL_INPUTS/q/question.jsonl       MT-Bench questions (python -m jaxspec.data.mtbench)
 # State that later calls of the same warm machine reuse lives under /tmp (the model, the site, the runs).
