@@ -298,14 +298,18 @@ def random_tree_qmask(rng: np.random.Generator, batch: int, n: int) -> np.ndarra
 
 class CompileCounter:
     """Counts XLA backend compiles from its creation on (jax's ``/jax/core/compile/backend_compile_duration``
-    event): read ``count`` before and after a call to see how many executables it compiled."""
+    event): read ``count`` before and after a call to see how many executables it compiled (compiles on other
+    threads too, e.g. ``ServingEngine.warmup(threads=)``'s)."""
 
     def __init__(self):
+        import threading  # noqa: PLC0415
         import jax  # noqa: PLC0415 (the rest of this module is NumPy only)
 
         self.count = 0
+        self._lock = threading.Lock()  # the event fires on the compiling thread
         jax.monitoring.register_event_duration_secs_listener(self._on_event)
 
     def _on_event(self, event, duration, **_):
         if event == "/jax/core/compile/backend_compile_duration":
-            self.count += 1
+            with self._lock:
+                self.count += 1

@@ -223,10 +223,10 @@ def test_abort_frees_pages_at_once():
 
 @pytest.mark.parametrize("spec", ["plain", "chain"])
 def test_steady_state_compiles_nothing(spec):
-    """After ``warmup`` (the table refresh, the decode loop of every slot bucket, both prefills of every chunk
-    bucket), a long random schedule of arrivals, aborts (some mid-prefill) and retirements, with prompts of any
-    length (whole or in chunks of a 16-token budget), compiles nothing and decodes at every slot bucket; outputs
-    solo."""
+    """After ``warmup`` (the table refresh, the decode loop of every slot bucket, the last chunks' prefill of every
+    chunk bucket, the non-final chunk's of every width), a long random schedule of arrivals, aborts (some
+    mid-prefill) and retirements, with prompts of any length (whole or in chunks of a 16-token budget), compiles
+    nothing, decodes at every slot bucket and prefills non-final chunks one per call; outputs solo."""
     se = _serving(spec, 1, 16)
     rng = np.random.default_rng(5 if spec == "plain" else 6)
     schedule = [(int(rng.integers(0, 40)), _prompt(300 + i, int(rng.integers(1, 45))), int(rng.integers(1, 17)))
@@ -240,17 +240,20 @@ def test_steady_state_compiles_nothing(spec):
     assert se.slot_buckets == [1, 2, 4] and se.chunk_buckets == [8, 16]
     # every (chunk count, width) bucket a 16-token budget allows: up to 4 chunks of 8, and of 16 (9 + 1 + 1 + 1)
     assert se.prefill_buckets == [(1, 8), (2, 8), (4, 8), (1, 16), (2, 16), (4, 16)]
-    # the progress line: one call before each executable (the table refresh, 2 prefills per prefill bucket, a
-    # decode per slot bucket)
-    names = ["page tables"] + [f"{k} {c} chunks of {p}" for c, p in se.prefill_buckets for k in ("prefill", "last")]
+    assert se.prefill_chunk_buckets == [(1, 8), (1, 16)]  # a step has at most one non-final chunk
+    # the progress line: one call before each executable (the table refresh, a non-final prefill per width, a
+    # last-chunk prefill per prefill bucket, a decode per slot bucket)
+    names = ["page tables", "prefill 1 chunks of 8", "prefill 1 chunks of 16"]
+    names += [f"last {c} chunks of {p}" for c, p in se.prefill_buckets]
     names += ["decode 1 slots", "decode 2 slots", "decode 4 slots", "done"]
-    assert calls == [(i, 16, what) for i, what in enumerate(names)]
+    assert calls == [(i, 12, what) for i, what in enumerate(names)]
     entries = eng._entry_points(False)
     compiled = (entries.decode._cache_size(), entries.prefill._cache_size(), entries.prefill_chunk._cache_size())
-    buckets, widths = [], []
+    buckets, widths, partial = [], [], []
     decode, prefill = se._decode, se._prefill
     se._decode = lambda b: buckets.append(b) or decode(b)
-    se._prefill = lambda chunks, final, *a: widths.append(len(chunks)) or prefill(chunks, final, *a)
+    se._prefill = lambda chunks, final, *a: (widths if final else partial).append(len(chunks)) or prefill(
+        chunks, final, *a)
     before = COMPILES.count
     try:
         ids, streamed = _run(se, schedule, aborts)
@@ -259,10 +262,43 @@ def test_steady_state_compiles_nothing(spec):
     assert COMPILES.count == before, COMPILES.count - before
     assert set(buckets) == {1, 2, 4}, sorted(set(buckets))
     assert max(widths) >= 2  # requests admitted together shared one prefill call
+    assert partial and set(partial) == {1}  # chunked prompts, one non-final chunk per call
     assert (entries.decode._cache_size(), entries.prefill._cache_size(),
             entries.prefill_chunk._cache_size()) == compiled
     _check_outputs(se, schedule, ids, streamed, aborts)
 
+
+
+def test_parallel_warmup_compiles_each_executable_once():
+    """``warmup(threads=2)`` lowers every executable, compiles them on two threads, then calls each, which finds it
+    compiled: as many compiles as executables, the progress line naming each and counting up to the total. A
+    random schedule of long prompts after it (chunked: a 16-token budget, MTP's 3-token lookahead, two slots)
+    compiles nothing and gets the solo outputs. A bad ``threads`` is refused naming it."""
+    m = _model()
+    eng = Engine(m, MTPDrafter(m), spec=CHAIN, max_context=48, page_size=4, max_batch=2, num_pages=29)
+    se = ServingEngine(eng, max_prefill_tokens=16)  # a configuration no other test compiles
+    rng = np.random.default_rng(21)
+    schedule = [(int(rng.integers(0, 12)), _prompt(500 + i, int(rng.integers(12, 33))), int(rng.integers(1, 9)))
+                for i in range(10)]
+    for _, prompt, max_new in schedule:
+        _solo(prompt, max_new)
+    for bad in (0, 1.5, True):
+        with pytest.raises(ValueError, match="threads"):
+            se.warmup(threads=bad)
+    calls = []
+    before = COMPILES.count
+    se.warmup(progress=lambda done, total, what: calls.append((done, total, what)), threads=2)
+    names = ["page tables"] + [f"prefill 1 chunks of {p}" for p in se.chunk_buckets]
+    names += [f"last {c} chunks of {p}" for c, p in se.prefill_buckets] + ["decode 1 slots", "decode 2 slots"]
+    total = len(names)
+    assert total == 1 + 2 + 4 + 2 and COMPILES.count - before == total  # nothing compiled twice
+    assert calls[-1] == (total, total, "done") and len(calls) == 2 * total + 1  # lowered, compiled; the end
+    assert sorted(what for _, _, what in calls[:-1]) == sorted(names * 2)
+    assert [d for d, _, _ in calls] == sorted(d for d, _, _ in calls) and {t for _, t, _ in calls} == {total}
+    before = COMPILES.count
+    ids, streamed = _run(se, schedule)
+    assert COMPILES.count == before
+    _check_outputs(se, schedule, ids, streamed)
 
 def test_refusals():
     """A request that overflows the context, or whose worst case exceeds the whole pool, is refused at
@@ -434,7 +470,10 @@ def test_checked_mode():
     with checks():
         se = ServingEngine(Engine(m, None, max_context=32, max_batch=1, page_size=4, num_pages=12),
                            max_prefill_tokens=4)
+        se.warmup(threads=2)  # the checked executables lowered and compiled ahead, then called
+        before = COMPILES.count
         assert se.generate(prompts, RequestParams(max_new_tokens=6)) == want
+        assert COMPILES.count == before
 
 
 def test_handle_stream_stop_tokens_and_stats():

@@ -140,3 +140,87 @@ def test_chunks_share_the_budget_and_refusals_name_the_argument():
     # a: 12 tokens, budget 8 -> 8 (leaves 4 >= 3), then 4 with b's 2 (0 decoding rows until a's last chunk)
     assert out["steps"] == [[["a", 0, 8, False], 0], [["a", 8, 4, True], ["b", 0, 2, True], 2]]
     assert out["errors"] == ["max_context", "max_prefill_tokens", "page_size", "prompt_ids", "num_pages"]
+
+
+def test_a_non_final_chunk_ends_the_steps_chunks():
+    """With lookahead 3 and a budget of 8, a 10-token prompt's first chunk is 7 tokens (leaving 3): the 1 token
+    of budget left goes to no one (a 5-token prompt behind it would get a 1-token non-final chunk, a second
+    one in the step); it waits for the next step, which finishes the first prompt and admits it whole."""
+    out = _run(
+        """
+        s = Scheduler(4, PagePool(64), max_context=32, max_prefill_tokens=8, lookahead=3)
+        for r in [Request("a", list(range(10)), 2), Request("b", list(range(5)), 2)]:
+            s.add(r)
+        steps = []
+        while s.waiting or s.prefilling:
+            steps.append([[c.req.request_id, c.start, c.length, c.final] for c in s.schedule().chunks])
+        OUT = steps
+        """
+    )
+    assert out == [[["a", 0, 7, False]], [["a", 7, 3, True], ["b", 0, 5, True]]]
+
+
+def test_random_workloads_prefill_every_prompt_with_one_non_final_chunk_a_step():
+    """Random workloads (seeded: arrivals, prompt lengths up to 3x the budget, limits, lookaheads 1-4, budgets,
+    page sizes, aborts, the device's tokens per step): no step has two non-final chunks, a step's chunks fit
+    its budget, a non-final chunk leaves at least the lookahead, and every prompt that is not aborted is
+    prefilled exactly once, in order, its chunks ending in one last chunk; in the end no page is held."""
+    out = _run(
+        """
+        import random
+
+        def drive(seed):
+            rng = random.Random(seed)
+            la, budget, g = rng.randint(1, 4), rng.randint(4, 24), rng.choice([1, 4, 16])
+            budget = max(budget, la)
+            w, slots = 96, rng.choice([1, 2, 4, 8])
+            s = Scheduler(slots, PagePool(1 + slots * w // g + rng.randint(0, 8)), max_context=w, page_size=g,
+                          rounds_per_step=rng.randint(1, 3), verify_width=rng.randint(1, 4), max_prefill_tokens=budget,
+                          lookahead=la)
+            arrivals = sorted((rng.randint(0, 30), k) for k in range(rng.randint(5, 25)))
+            reqs, seen, aborted, steps, worst = [], {}, set(), 0, 0
+            while arrivals or s.has_unfinished():
+                while arrivals and arrivals[0][0] <= steps:
+                    k = arrivals.pop(0)[1]
+                    n = rng.randint(1, min(3 * budget, w - 20))
+                    r = Request(f"r{k}", [rng.randint(0, 99) for _ in range(n)], rng.randint(1, 12))
+                    s.add(r)
+                    reqs.append(r)
+                    seen[r.request_id] = []
+                if reqs and rng.random() < 0.05:  # an abort, waiting or running (maybe mid-prefill)
+                    r = rng.choice(reqs)
+                    if r.status != "finished":
+                        s.abort(r)
+                        aborted.add(r.request_id)
+                plan = s.schedule()
+                partial = [c for c in plan.chunks if not c.final]
+                worst = max(worst, len(partial))
+                assert len(partial) <= 1, plan.chunks
+                assert sum(c.length for c in plan.chunks) <= budget, plan.chunks
+                for c in plan.chunks:
+                    assert c.length >= 1 and (c.final or c.req.num_prompt_tokens - c.start - c.length >= la), c
+                    seen[c.req.request_id].append((c.start, c.length))
+                rows = s.num_slots
+                out, done = [[] for _ in range(rows)], [False] * rows
+                for slot, r in s.running.items():
+                    if r.decoding:
+                        n = min(r.max_new_tokens, len(r.output) + rng.randint(1, 4))
+                        out[slot] = list(r.output) + [7] * (n - len(r.output))
+                        done[slot] = n == r.max_new_tokens
+                s.update(plan, result(rows, out, done))
+                steps += 1
+                assert steps < 2000
+            for r in reqs:
+                spans = seen[r.request_id]
+                if r.request_id in aborted and r.finish_reason == "abort":
+                    continue
+                assert [a for a, _ in spans] == [sum(n for _, n in spans[:i]) for i in range(len(spans))], spans
+                assert sum(n for _, n in spans) == r.num_prompt_tokens, (r.request_id, spans)
+                assert len(r.output) == r.max_new_tokens
+            assert s.pool.num_free == s.pool.capacity and not s.running and not s.prefilling
+            return worst
+
+        OUT = [drive(seed) for seed in range(7100, 7160)]
+        """
+    )
+    assert len(out) == 60 and max(out) == 1  # non-final chunks happened, never two in a step

@@ -10,7 +10,8 @@ construction and refused up front when they would not fit in memory (``engine.me
 the compile-cache buckets); the jitted entry points live in ``engine.compiled``, the calibration of
 adaptive engines in ``engine.calibrate``. The slot API (``fresh_slots``, ``prefill_slots``, ``decode_slots``;
 ``engine.slots``) is what the serving core runs requests with: ``run_prefill`` / ``run_decode`` are its
-whole-batch case.
+whole-batch case; ``lower_prefill_slots`` / ``lower_decode_slots`` lower their executables without running them
+(the serving core's warm-up compiles them in parallel).
 """
 
 import dataclasses
@@ -196,6 +197,10 @@ class Engine:
             self._entries[checks] = entry_points(self.graphdef, self.treedef, self.opts, checks)
         return self._entries[checks]
 
+    def _lower(self, name, *args, **static) -> jax.stages.Lowered:
+        """``_call``'s executable traced and lowered for these arguments, not compiled, not run (nothing donated)."""
+        return getattr(self._entry_points(checks_enabled()), name).lower(self.params, *args, **static)
+
     def _call(self, name, *args, **static):
         checks = checks_enabled()
         fn = getattr(self._entry_points(checks), name)
@@ -317,10 +322,36 @@ class Engine:
         up to the state's rows), left at the first finish of a row decoding at the start when
         ``first_finish``; ``state`` is donated. Adaptive engines use the state's policy as it is (its
         ``round_cost`` the caller's)."""
+        return self._call("decode", state, *self._decode_args(state, bucket, rounds, first_finish),
+                          bucket=int(bucket))
+
+    def _decode_args(self, state: DecodeState, bucket, rounds, first_finish) -> tuple:
+        """``decode_slots``'s checked ``bucket`` and its traced arguments after the state."""
         if not is_int(bucket) or bucket < 1 or bucket > state.done.shape[0] or bucket & (bucket - 1):
             raise ValueError(f"bucket: expected a power of two in [1, {state.done.shape[0]}], got {bucket!r}")
         mode, finish = jax.device_put((np.int32(-1), np.bool_(first_finish)))
-        return self._call("decode", state, mode, rounds, finish, bucket=int(bucket))
+        return mode, rounds, finish
+
+    def lower_prefill_slots(self, state: DecodeState, chunks: SlotChunks, *, final: bool) -> jax.stages.Lowered:
+        """The executable ``prefill_slots(state, chunks, final=final)`` would run, traced and lowered for these
+        arguments but neither compiled nor run (``state`` is not donated, nothing is read): ``.compile()`` it,
+        from any thread (XLA's compile releases the GIL, so several compile at once), and a later
+        ``prefill_slots`` call on arrays of the same shapes, dtypes and devices runs that executable without
+        compiling. Lower under the ``JAXSPEC_CHECKS`` setting the call will run under (checked executables
+        differ). Run the lowering itself on one thread (tracing is Python)."""
+        if not isinstance(chunks, SlotChunks):
+            raise ValueError(f"chunks: expected a jaxspec.engine.SlotChunks, got {type(chunks).__name__}")
+        if not isinstance(final, bool):
+            raise ValueError(f"final: expected a bool, got {final!r}")
+        return self._lower("prefill" if final else "prefill_chunk", state, chunks)
+
+    def lower_decode_slots(self, state: DecodeState, *, bucket: int, rounds: jax.Array, first_finish: bool = True
+                           ) -> jax.stages.Lowered:
+        """The executable ``decode_slots(state, bucket=bucket, rounds=rounds, first_finish=first_finish)`` would
+        run, lowered but neither compiled nor run, as ``lower_prefill_slots`` (``bucket`` checked as there;
+        ``rounds`` a device ``i32[]``, whose value does not matter)."""
+        args = self._decode_args(state, bucket, rounds, first_finish)
+        return self._lower("decode", state, *args, bucket=int(bucket))
 
     def run_step(self, state: DecodeState) -> DecodeState:
         """Jitted single round (``spec_step`` or ``plain_step``); ``state`` is donated."""

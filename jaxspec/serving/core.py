@@ -3,13 +3,16 @@
 ``ServingEngine(engine, rounds_per_step=R)`` is the runner: ``submit`` queues a request, ``step`` takes the
 scheduler's plan (``serving.scheduler``: chunks under a token and a page budget), refreshes the page tables,
 prefills the step's chunks into their slots in one call per kind (the engine's slot API: the last chunks of
-prompts in one ``Engine.prefill_slots``, the others in another), decodes up to ``R`` rounds over the occupied
-slot bucket (``Engine.decode_slots``), reads the new tokens back once and hands them to the scheduler;
-``cancel`` frees a request's slot and pages at once. How each part works (scheduling, page policy, chunk
-boundaries, buckets, sampling, stopping): ``docs/serving.md``, "How the core works".
+prompts in one ``Engine.prefill_slots``, the step's one non-final chunk, if any, in another), decodes up to
+``R`` rounds over the occupied slot bucket (``Engine.decode_slots``), reads the new tokens back once and hands
+them to the scheduler; ``cancel`` frees a request's slot and pages at once. How each part works (scheduling,
+page policy, chunk boundaries, buckets, sampling, stopping): ``docs/serving.md``, "How the core works".
 """
 
+import concurrent.futures
 import dataclasses
+import functools
+import os
 import time
 
 import jax
@@ -24,6 +27,7 @@ from jaxspec.serving.request import RequestHandle, RequestOutput, RequestParams,
 from jaxspec.serving.scheduler import PagePool, Request, Scheduler, StepResult
 
 DEFAULT_MAX_PREFILL_TOKENS = 256  # prompt tokens prefilled per step (ServingEngine(max_prefill_tokens=))
+MAX_WARMUP_THREADS = 8  # warmup()'s default compile threads on an accelerator: min(this, os.cpu_count())
 
 
 def prompt_buckets(max_width: int, max_context: int) -> list[int]:
@@ -39,7 +43,8 @@ def prompt_buckets(max_width: int, max_context: int) -> list[int]:
 def chunk_batch_buckets(slot_buckets: list[int], chunk_buckets: list[int], budget: int) -> list[tuple[int, int]]:
     """The ``(chunks, width)`` buckets a step's prefill call can take: ``c`` chunks (a power of two up to the
     slots) whose longest is padded to ``width``, as long as ``c`` chunks of at least one token with the longest
-    in that width's bucket fit ``budget`` prompt tokens (warmup compiles these and no others)."""
+    in that width's bucket fit ``budget`` prompt tokens (the last chunks' call: warmup compiles these and, for a
+    step's one non-final chunk, ``(1, width)`` of every width)."""
     out = []
     for k, p in enumerate(chunk_buckets):
         least = 1 if k == 0 else chunk_buckets[k - 1] + 1  # the shortest longest chunk padded to p
@@ -111,7 +116,8 @@ class ServingEngine:
         self.verify_width = engine.opts.verify_width
         self.slot_buckets = [1 << i for i in range(b.bit_length())]  # 1, 2, 4, .. B
         self.chunk_buckets = prompt_buckets(min(t, w), w)
-        self.prefill_buckets = chunk_batch_buckets(self.slot_buckets, self.chunk_buckets, t)
+        self.prefill_buckets = chunk_batch_buckets(self.slot_buckets, self.chunk_buckets, t)  # last chunks
+        self.prefill_chunk_buckets = [(1, p) for p in self.chunk_buckets]  # a step's one non-final chunk
         self.pool = PagePool(engine.num_pages)
         self.scheduler = Scheduler(b, self.pool, max_context=w, page_size=self.page_size,
                                    rounds_per_step=rounds_per_step, verify_width=self.verify_width,
@@ -135,12 +141,12 @@ class ServingEngine:
             self._mode_rounds = np.zeros_like(self.step_costs.base, np.int64)
 
     # ---------------------------------------------------------------- device calls
-    def _refresh(self, tables: dict, stop: np.ndarray | None = None) -> None:
-        """One jitted table refresh of the rows ``tables`` (slot -> (first column, pages)) and the ``stop`` rows
-        marked done; nothing when there is neither."""
+    def _refresh_call(self, tables: dict, stop: np.ndarray | None):
+        """The jitted table refresh and its arguments after the state and the page table (``_refresh``), or
+        ``None`` when there is nothing to write and no row to stop."""
         packed = pack_rows(tables, num_slots=self.num_slots, max_pages=self.max_pages)
         if packed is None and stop is None:
-            return
+            return None
         if packed is None:  # nothing to write: one padding entry (0 pages)
             packed = tuple(np.zeros((n,), np.int32) for n in (self.num_slots, self.num_slots * self.max_pages,
                                                               self.num_slots, self.num_slots))
@@ -148,7 +154,15 @@ class ServingEngine:
         eng = self.engine
         fn = refresh_fn(self.page_size, self.max_context, eng.opts.implementation, eng.opts.interpret,
                         checks_enabled())
-        args = jax.device_put((*packed, stop))  # one transfer
+        return fn, jax.device_put((*packed, stop))  # one transfer
+
+    def _refresh(self, tables: dict, stop: np.ndarray | None = None) -> None:
+        """One jitted table refresh of the rows ``tables`` (slot -> (first column, pages)) and the ``stop`` rows
+        marked done; nothing when there is neither."""
+        call = self._refresh_call(tables, stop)
+        if call is None:
+            return
+        fn, args = call
         if checks_enabled():
             err, (self._state, self._r2p) = fn(self._state, self._r2p, *args)
             msg = err.get()
@@ -183,53 +197,112 @@ class ServingEngine:
         return SlotChunks(tokens, lengths, slots, prefix, following, max_new, sampling)
 
     def _prefill(self, chunks: list, final: bool, count: int | None = None, width: int | None = None) -> None:
-        """Dispatch one prefill call of ``chunks`` into their slots (their pages already in the table)."""
+        """Dispatch one prefill call of ``chunks`` into their slots (their pages already in the table): last
+        chunks padded to their chunk bucket, a non-final chunk alone (the scheduler gives a step at most one:
+        its call is always one chunk wide, ``prefill_chunk_buckets``)."""
+        if not final:
+            if len(chunks) > 1:
+                raise RuntimeError(f"prefill: {len(chunks)} non-final chunks in one step (the scheduler plans one)")
+            count = 1
         arrays = self._chunk_arrays(chunks, final, count, width)
         self._state = self.engine.prefill_slots(self._state, jax.device_put(arrays), final=final)  # one transfer
 
     def _decode(self, bucket: int) -> None:
         """Dispatch up to ``R`` rounds of the decode loop over the slot bucket ``bucket``; an adaptive core's
         policy is priced at the bucket's in-loop costs plus the step's own overhead per round."""
-        if self.step_costs is not None:
-            cost = (self._bucket_costs[bucket] + self.step_costs.overhead).astype(np.float32)
-            st = self._state
-            self._state = dataclasses.replace(st, policy=dataclasses.replace(st.policy,
-                                                                             round_cost=jax.device_put(cost)))
-        self._state = self.engine.decode_slots(self._state, bucket=bucket, rounds=self._rounds)
+        self._state = self.engine.decode_slots(self._decode_state(bucket), bucket=bucket, rounds=self._rounds)
 
-    def warmup(self, progress=None) -> None:
-        """Compile every executable a step can run (the table refresh, both prefills of every chunk-count and
-        width bucket a step's budget allows, the decode of every slot bucket), so that no later step compiles;
-        only on an idle core (nothing queued or running: ``RuntimeError`` else). The prefills run on padding
-        chunks only (they write nothing back), the decode for zero rounds: nothing observable changes.
+    def _decode_state(self, bucket: int):
+        """The state a decode of ``bucket`` is given: an adaptive core's policy priced for the bucket."""
+        st = self._state
+        if self.step_costs is None:
+            return st
+        cost = (self._bucket_costs[bucket] + self.step_costs.overhead).astype(np.float32)
+        return dataclasses.replace(st, policy=dataclasses.replace(st.policy, round_cost=jax.device_put(cost)))
+
+    def warmup(self, progress=None, *, threads: int | None = None) -> None:
+        """Compile every executable a step can run (the table refresh, the last chunks' prefill of every
+        chunk-count and width bucket a step's budget allows, ``prefill_buckets``, the non-final chunk's of every
+        width, ``prefill_chunk_buckets``, the decode of every slot bucket), so that no later step compiles;
+        only on an idle core (nothing queued or running: ``RuntimeError`` else). With ``threads > 1`` every
+        executable is first lowered (one after another, on this thread) and compiled ahead of time on a pool of
+        ``threads`` threads (XLA's compile releases the GIL, so compiles can overlap), then each is called once,
+        which finds it compiled. The prefills run on padding chunks only (they write nothing back), the decode for zero
+        rounds: nothing observable changes.
 
         Args:
-          progress: ``None``, or ``progress(done, total, what)`` called before each executable (``done`` of
-            ``total`` compiled so far, ``what`` names the next one: ``"page tables"``, ``"prefill 4 chunks of
-            64"``, ...) and once at the end with ``done == total``: a caller's progress line.
+          progress: ``None``, or ``progress(done, total, what)``: ``done`` of ``total`` executables compiled so
+            far, ``what`` names one (``"page tables"``, ``"last 4 chunks of 64"``, ``"prefill 1 chunks of 64"``,
+            ``"decode 8 slots"``, ...), called once at the end with ``done == total`` and ``"done"``: a caller's
+            progress line. ``threads == 1``: called before each executable (``what`` the next one); else as each
+            is lowered (``what`` that one) and as each compile ends (``what`` the one that ended).
+          threads: the compile threads, an int >= 1 (1: each executable compiled by its call, one after
+            another); default ``min(MAX_WARMUP_THREADS, os.cpu_count())`` on an accelerator and 1 on the CPU
+            backend (XLA:CPU's compiles compete with each other for the same cores: little to gain).
         """
+        if threads is not None and (not isinstance(threads, int) or isinstance(threads, bool) or threads < 1):
+            raise ValueError(f"threads: expected None or an int >= 1, got {threads!r}")
         if self.has_unfinished():
             raise RuntimeError("warmup: the core has requests (warm it up before submitting any)")
+        if threads is None:
+            cpu = next(iter(self._r2p.devices())).platform == "cpu"
+            threads = 1 if cpu else min(MAX_WARMUP_THREADS, os.cpu_count() or 1)
         report = progress or (lambda done, total, what: None)
-        total = 1 + 2 * len(self.prefill_buckets) + len(self.slot_buckets)
-        report(0, total, "page tables")
-        self._refresh(self.scheduler.take_tables(), np.zeros((self.num_slots,), bool))
-        done = 1
-        for c, p in self.prefill_buckets:
-            for final in (False, True):
-                report(done, total, f"{'last' if final else 'prefill'} {c} chunks of {p}")
-                self._prefill([], final, c, p)
-                done += 1
-        rounds = self._rounds
-        try:
-            self._rounds = jax.device_put(np.int32(0))
-            for b in self.slot_buckets:
-                report(done, total, f"decode {b} slots")
+        eng, zero = self.engine, jax.device_put(np.int32(0))
+        tables, stop = self.scheduler.take_tables(), np.zeros((self.num_slots,), bool)
+
+        def lower_refresh():
+            fn, args = self._refresh_call(tables, stop)
+            return fn.lower(self._state, self._r2p, *args)
+
+        def lower_prefill(final, c, p):
+            chunks = jax.device_put(self._chunk_arrays([], final, c, p))
+            return eng.lower_prefill_slots(self._state, chunks, final=final)
+
+        def lower_decode(b):
+            return eng.lower_decode_slots(self._decode_state(b), bucket=b, rounds=zero)
+
+        def decode(b):
+            rounds, self._rounds = self._rounds, zero
+            try:
                 self._decode(b)
-                done += 1
-        finally:
-            self._rounds = rounds
-        report(done, total, "done")
+            finally:
+                self._rounds = rounds
+
+        # (what, lower, call) of every executable
+        calls = [("page tables", lower_refresh, lambda: self._refresh(tables, stop))]
+        calls += [(f"{'last' if final else 'prefill'} {c} chunks of {p}", functools.partial(lower_prefill, final, c, p),
+                   functools.partial(self._prefill, [], final, c, p))
+                  for final, buckets in [(False, self.prefill_chunk_buckets), (True, self.prefill_buckets)]
+                  for c, p in buckets]
+        calls += [(f"decode {b} slots", functools.partial(lower_decode, b), functools.partial(decode, b))
+                  for b in self.slot_buckets]
+        total = len(calls)
+        if threads > 1:
+            self._compile_ahead([(what, lower) for what, lower, _ in calls], threads, report)
+        for done, (what, _, call) in enumerate(calls):
+            if threads == 1:
+                report(done, total, what)
+            call()  # threads > 1: compiled above, a cache hit
+        report(total, total, "done")
+
+    @staticmethod
+    def _compile_ahead(lowerings: list, threads: int, report) -> None:
+        """Lower each ``(what, lower)`` on this thread and compile it on a pool of ``threads`` threads as soon as
+        it is lowered (the lowering of the next overlaps the compiles), reporting as ``warmup`` says."""
+        total, names = len(lowerings), {}
+        with concurrent.futures.ThreadPoolExecutor(max_workers=threads, thread_name_prefix="jaxspec-warmup") as pool:
+            try:
+                for what, lower in lowerings:
+                    report(sum(x.done() for x in names), total, what)
+                    names[pool.submit(lower().compile)] = what
+                for f in concurrent.futures.as_completed(names):
+                    f.result()  # a compile's error, raised here
+                    report(sum(x.done() for x in names), total, names[f])
+            except BaseException:
+                for f in names:
+                    f.cancel()
+                raise
 
     # ---------------------------------------------------------------- API
     def submit(self, prompt_ids, params: RequestParams | None = None, *, request_id: str | None = None

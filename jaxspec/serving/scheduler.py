@@ -134,9 +134,9 @@ def chunk_length(remaining: int, budget: int, lookahead: int) -> int:
 @dataclasses.dataclass
 class StepPlan:
     """What one step runs (``Scheduler.schedule``): ``chunks`` (the prefill chunks, in order: a step prefills
-    its last chunks in one call and its other chunks in another), ``tables`` (slot -> (first column, page
-    ids): the page-table rows to write before anything runs), ``decode_rows`` (the rows the decode covers:
-    the highest occupied slot + 1; 0 when no request decodes, and then nothing is read back)."""
+    its last chunks in one call and its non-final chunk, at most one, in another), ``tables`` (slot -> (first
+    column, page ids): the page-table rows to write before anything runs), ``decode_rows`` (the rows the decode
+    covers: the highest occupied slot + 1; 0 when no request decodes, and then nothing is read back)."""
 
     chunks: list
     tables: dict
@@ -243,18 +243,25 @@ class Scheduler:
     def _chunks(self, now) -> list[Chunk]:
         """The step's prefill chunks, at most ``max_prefill_tokens`` prompt tokens in all (``chunk_length``):
         the part-prefilled requests first, then waiting requests in order while the head fits (each admitted:
-        a slot, status ``"running"``). Every chunk's ``req.prefilled`` is advanced."""
+        a slot, status ``"running"``), up to and including the first non-final chunk (it takes what is left of
+        the budget but up to ``lookahead - 1`` tokens, so a step has at most one: its prefill call is one
+        chunk wide). Every chunk's ``req.prefilled`` is advanced."""
         budget, lookahead, out = self.max_prefill_tokens, self.lookahead, []
         stalled = False
         for req in list(self.prefilling):
-            n = chunk_length(req.num_prompt_tokens - req.prefilled, budget, lookahead)
+            remaining = req.num_prompt_tokens - req.prefilled
+            n = chunk_length(remaining, budget, lookahead)
             if n == 0:
                 stalled = True
                 break
             out.append(Chunk(req, req.prefilled, n))
             budget -= n
+            if n < remaining:  # a non-final chunk ends the step's chunks
+                stalled = True
+                break
         while not stalled and self.waiting and self.can_admit(self.waiting[0]):
-            n = chunk_length(self.waiting[0].num_prompt_tokens, budget, lookahead)
+            remaining = self.waiting[0].num_prompt_tokens
+            n = chunk_length(remaining, budget, lookahead)
             if n == 0:
                 break
             req = self.waiting.popleft()
@@ -264,6 +271,8 @@ class Scheduler:
             self.prefilling.append(req)
             out.append(Chunk(req, 0, n))
             budget -= n
+            if n < remaining:
+                break
         for c in out:
             c.req.prefilled += c.length
             if c.final:
