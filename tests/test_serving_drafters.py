@@ -73,7 +73,7 @@ def test_served_outputs_equal_solo_plain_and_nothing_recompiles(kind):
         eng = Engine(target, drafter, spec=CHAIN, **KW)
     else:
         target = load_pair(DEFAULT_WEIGHTS)
-        eng = Engine(target, MTPDrafter(target), spec=(CHAIN, TREE), adaptive=AdaptivePolicy(probe_interval=2), **KW)
+        eng = Engine(target, MTPDrafter(target), spec=(CHAIN, TREE), adaptive=AdaptivePolicy(probe_interval=2, probe_requests=1), **KW)
         eng.round_costs[2] = np.ones((3,), np.float32)  # equal costs (CPU timings are noise): every mode competes
         eng.round_costs[1] = np.full((3,), 2.0, np.float32)  # slot bucket 1's own (equal again)
     se = ServingEngine(eng, rounds_per_step=2, max_prefill_tokens=8)
