@@ -44,8 +44,9 @@ Rows (one per mode and rate, written to ``--json`` as soon as measured): ``reque
 over it, ``ttft_mean_s / ttft_p50_s / ttft_p99_s``, ``itl_p50_s / itl_p99_s``, ``tpot_mean_s``,
 ``chunk_gap_p50_s / chunk_gap_p99_s``, ``mean_accept_length`` (the core's ``stats()`` over the rate's steps),
 and per request ``n``, ``ttft_s``, ``latency_s``, ``finish_reason``; in-process serving modes also ``steps``,
-``host_ms_per_step`` and ``device_ms_per_step`` (``ServingEngine.times``: the host's planning, packing,
-dispatching and output handling, and its wait for the step's one read). A failing configuration gives a row with
+``host_ms_per_step`` (split into ``plan_ms_per_step``, ``dispatch_ms_per_step``, ``update_ms_per_step``) and
+``device_ms_per_step`` (``ServingEngine.times``: the host's planning, packing and dispatching, its output handling,
+and its wait for the step's one read). A failing configuration gives a row with
 ``error``. Warm-up: before a mode's first timed rate, ``--warmup`` requests at saturation (one prompt of every
 prompt-length bucket the workload uses, so every prefill executable is compiled), not counted.
 ``--budget-s``: no new (mode, rate) row starts after this many seconds.
@@ -217,12 +218,15 @@ def drive(se, work, stop_ids=(), clock=time.perf_counter) -> tuple[list[Trace], 
 
 def step_breakdown(before, after) -> dict:
     """Where the run's steps went, from two ``ServingEngine.times`` snapshots: ``steps`` (that read back),
-    ``host_ms_per_step`` (planning, packing, dispatching, taking outputs back) and ``device_ms_per_step`` (the
-    wait for the step's one read: device work the host did not hide)."""
+    ``host_ms_per_step`` (planning, packing, dispatching, taking outputs back; split into ``plan_ms_per_step``,
+    ``dispatch_ms_per_step`` and ``update_ms_per_step``) and ``device_ms_per_step`` (the wait for the step's one
+    read: device work the host did not hide)."""
     n = after.steps - before.steps
     per = (lambda x: x * 1e3 / n) if n else (lambda x: None)  # noqa: E731
-    return dict(steps=n, host_ms_per_step=per(after.host - before.host),
-                device_ms_per_step=per(after.device - before.device))
+    out = dict(steps=n)
+    for part in ("host", "plan", "dispatch", "update", "device"):
+        out[f"{part}_ms_per_step"] = per(getattr(after, part) - getattr(before, part))
+    return out
 
 
 def warm_work(prompts, count: int, max_new: int, page_ctx: int):
@@ -467,7 +471,9 @@ def _report(row):
           f"TTFT mean/p99 {_fmt(row['ttft_mean_s'])}/{_fmt(row['ttft_p99_s'])} ms  "
           f"ITL p50/p99 {_fmt(row['itl_p50_s'])}/{_fmt(row['itl_p99_s'])} ms  "
           f"accept {row.get('mean_accept_length') or '-'}  "
-          f"host/device {_fmt(row.get('host_ms_per_step'), 1)}/{_fmt(row.get('device_ms_per_step'), 1)} ms/step  "
+          f"host/device {_fmt(row.get('host_ms_per_step'), 1)}/{_fmt(row.get('device_ms_per_step'), 1)} ms/step "
+          f"(plan/dispatch/update {_fmt(row.get('plan_ms_per_step'), 1)}/{_fmt(row.get('dispatch_ms_per_step'), 1)}/"
+          f"{_fmt(row.get('update_ms_per_step'), 1)})  "
           f"({row['duration_s']:.1f} s)", flush=True)
 
 

@@ -49,6 +49,8 @@ def test_in_process_modes(tmp_path):
         assert [r["n"] for r in row["per_request"]] == row["limits"]
     for row in rows[:-1]:  # the serving modes: where their steps' time went
         assert row["steps"] > 0 and row["host_ms_per_step"] > 0 and row["device_ms_per_step"] >= 0
+        parts = sum(row[f"{p}_ms_per_step"] for p in ("plan", "dispatch", "update"))
+        assert abs(parts - row["host_ms_per_step"]) <= 1e-6 * row["host_ms_per_step"] + 1e-9
 
 
 def _server_importable() -> bool:

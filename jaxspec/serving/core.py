@@ -55,12 +55,17 @@ def chunk_batch_buckets(slot_buckets: list[int], chunk_buckets: list[int], budge
 @dataclasses.dataclass
 class StepTimes:
     """Where a core's steps went (seconds, summed since construction): ``host`` (planning, packing and
-    dispatching the step's calls, and taking its outputs back), ``device`` (waiting for its one read: the
-    device's work not hidden behind the host's), ``steps`` (steps that read)."""
+    dispatching the step's calls, and taking its outputs back) = ``plan`` (the scheduler's plan) + ``dispatch``
+    (packing the page tables and chunks, their transfers, the calls) + ``update`` (after the read: the adaptive
+    prices, the scheduler's update, retiring requests); ``device`` (waiting for its one read: the device's work
+    not hidden behind the host's), ``steps`` (steps that read)."""
 
     host: float = 0.0
     device: float = 0.0
     steps: int = 0
+    plan: float = 0.0
+    dispatch: float = 0.0
+    update: float = 0.0
 
 
 class ServingEngine:
@@ -369,13 +374,17 @@ class ServingEngine:
         that produced tokens or ended."""
         t_start = time.perf_counter()
         plan = self.scheduler.schedule(t_start)
+        t_plan = time.perf_counter()
         self._refresh(plan.tables)
         for final in (False, True):
             chunks = [c for c in plan.chunks if c.final == final]
             if chunks:
                 self._prefill(chunks, final)
         if not plan.decode_rows:
-            self.times.host += time.perf_counter() - t_start
+            t_end = time.perf_counter()
+            self.times.host += t_end - t_start
+            self.times.plan += t_plan - t_start
+            self.times.dispatch += t_end - t_plan
             return []  # only non-final chunks ran: nothing to decode, nothing to read
         bucket = next_pow2(plan.decode_rows)
         self._decode(bucket)
@@ -395,8 +404,11 @@ class ServingEngine:
         for out in outputs:
             if out.finished:
                 del self.requests[out.request_id]  # its handle (and the step's output) carry what is left of it
-        times = self.times
-        times.host += (t_sent - t_start) + (time.perf_counter() - t_read)
+        times, t_end = self.times, time.perf_counter()
+        times.host += (t_sent - t_start) + (t_end - t_read)
+        times.plan += t_plan - t_start
+        times.dispatch += t_sent - t_plan
+        times.update += t_end - t_read
         times.device += t_read - t_sent
         times.steps += 1
         return outputs
