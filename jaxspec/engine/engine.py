@@ -153,6 +153,7 @@ class Engine:
             max_batch=max_batch, max_context=max_context, limit=args["memory_limit_bytes"])
         self.graphdef, self.treedef, self.params = split_models(target, drafter)
         self._entries: dict[bool, EntryPoints] = {}  # checks -> jitted entry points (_entry_points)
+        self._decode_consts: dict[bool, tuple] = {}  # decode_slots' first_finish -> (mode, finish) on the device
 
     # ---------------------------------------------------------------- host-side preparation
     def prepare(self, prompts: Sequence, max_new_tokens, *, temperature=0.0, top_k=None, top_p=1.0, seed=0) -> tuple:
@@ -329,7 +330,12 @@ class Engine:
         """``decode_slots``'s checked ``bucket`` and its traced arguments after the state."""
         if not is_int(bucket) or bucket < 1 or bucket > state.done.shape[0] or bucket & (bucket - 1):
             raise ValueError(f"bucket: expected a power of two in [1, {state.done.shape[0]}], got {bucket!r}")
-        mode, finish = jax.device_put((np.int32(-1), np.bool_(first_finish)))
+        if not isinstance(first_finish, (bool, np.bool_)):
+            raise ValueError(f"first_finish: expected a bool, got {first_finish!r}")
+        key = bool(first_finish)
+        if key not in self._decode_consts:  # device scalars made once: no transfer per serving step
+            self._decode_consts[key] = jax.device_put((np.int32(-1), np.bool_(key)))
+        mode, finish = self._decode_consts[key]
         return mode, rounds, finish
 
     def lower_prefill_slots(self, state: DecodeState, chunks: SlotChunks, *, final: bool) -> jax.stages.Lowered:
