@@ -70,3 +70,7 @@ def test_first_finish_and_bad_bucket(model):
     for bad in (0, 3, 4, True):
         with pytest.raises(ValueError, match="bucket"):
             eng.decode_slots(state, bucket=bad, rounds=jax.device_put(np.int32(1)))
+    with pytest.raises(ValueError, match="first_finish: expected a bool"):
+        eng.decode_slots(state, bucket=2, rounds=jax.device_put(np.int32(1)), first_finish=1)
+    state = eng.decode_slots(state, bucket=2, rounds=jax.device_put(np.int32(1)), first_finish=False)
+    assert np.asarray(state.num_generated).tolist() == [3, 4]  # row 0 is done; row 1 runs its one round
