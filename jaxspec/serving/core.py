@@ -60,12 +60,15 @@ class StepTimes:
     prices, the scheduler's update, retiring requests); ``device`` (waiting for its one read: the device's work
     not hidden behind the host's), ``steps`` (steps that read)."""
 
-    host: float = 0.0
-    device: float = 0.0
-    steps: int = 0
     plan: float = 0.0
     dispatch: float = 0.0
     update: float = 0.0
+    device: float = 0.0
+    steps: int = 0
+
+    @property
+    def host(self) -> float:
+        return self.plan + self.dispatch + self.update
 
 
 class ServingEngine:
@@ -381,10 +384,8 @@ class ServingEngine:
             if chunks:
                 self._prefill(chunks, final)
         if not plan.decode_rows:
-            t_end = time.perf_counter()
-            self.times.host += t_end - t_start
             self.times.plan += t_plan - t_start
-            self.times.dispatch += t_end - t_plan
+            self.times.dispatch += time.perf_counter() - t_plan
             return []  # only non-final chunks ran: nothing to decode, nothing to read
         bucket = next_pow2(plan.decode_rows)
         self._decode(bucket)
@@ -404,11 +405,10 @@ class ServingEngine:
         for out in outputs:
             if out.finished:
                 del self.requests[out.request_id]  # its handle (and the step's output) carry what is left of it
-        times, t_end = self.times, time.perf_counter()
-        times.host += (t_sent - t_start) + (t_end - t_read)
+        times = self.times
         times.plan += t_plan - t_start
         times.dispatch += t_sent - t_plan
-        times.update += t_end - t_read
+        times.update += time.perf_counter() - t_read
         times.device += t_read - t_sent
         times.steps += 1
         return outputs
