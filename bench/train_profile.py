@@ -118,11 +118,14 @@ def main(argv=None):
     vocabs = [int(v) for v in args.draft_vocabs.split(",") if v.strip()]
     if not vocabs or min(vocabs) < 1:
         raise ValueError(f"--draft-vocabs: expected positive integers, got {args.draft_vocabs!r}")
-    atts = [a.strip() for a in args.teacher_attention.split(",") if a.strip()]
-    if not atts or any(a not in ("reference", "xla", "cudnn") for a in atts):
-        raise ValueError(f"--teacher-attention: expected a comma list of reference, xla, cudnn, got "
-                         f"{args.teacher_attention!r}")
     import jax
+
+    from jaxspec.pipeline import DENSE_ATTENTION
+
+    atts = [a.strip() for a in args.teacher_attention.split(",") if a.strip()]
+    if not atts or any(a not in DENSE_ATTENTION for a in atts):
+        raise ValueError(f"--teacher-attention: expected a comma list of {', '.join(DENSE_ATTENTION)}, got "
+                         f"{args.teacher_attention!r}")
 
     cfg = smollm2_135m_config(args.layers)
     rows = []

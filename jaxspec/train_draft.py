@@ -67,6 +67,7 @@ import time
 import numpy as np
 
 from jaxspec.data.self_distill import chatml_ids, generate_data, load_data, response_mask
+from jaxspec.pipeline import DENSE_ATTENTION
 
 
 def data_path(out_dir: str, recipe: str) -> str:
@@ -336,7 +337,7 @@ def _parser() -> argparse.ArgumentParser:
                     help="EAGLE-3 draft LM head at the start: random, or the target's LM-head rows of the draft "
                          "vocabulary (SmolLM2: its tied embedding)")
     ap.add_argument("--ttt-length", type=int, default=7, help="EAGLE-3 training-time test steps unrolled")
-    ap.add_argument("--teacher-attention", choices=("reference", "xla", "cudnn"), default="reference",
+    ap.add_argument("--teacher-attention", choices=DENSE_ATTENTION, default="reference",
                     help="the frozen target's attention in the teacher forward: the masked jnp reference, or "
                          "jax.nn.dot_product_attention's XLA or cuDNN (flash, GPU, bf16) implementation")
     ap.add_argument("--mtp-steps", type=int, default=3, help="MTP draft steps the one MTP layer is trained over")
