@@ -49,6 +49,7 @@ CONFIGS = {  # name -> (drafter, spec list, adaptive)
     "eagle3-tree": ("eagle3", [(5, 4, 16)], False),
     "mtp-chain3": ("mtp", [(3, 1, 4)], False),
     "eagle3-adaptive": ("eagle3", [(3, 1, 4), (7, 1, 8)], True),
+    "eagle3-adaptive-tree": ("eagle3", [(3, 1, 4), (5, 4, 16)], True),
     "mtp-tree": ("mtp", [(3, 2, 6)], False),
 }
 

@@ -143,7 +143,7 @@ def dense_metadata(batch: int, length: int, *, attention: str = "reference") -> 
         length: tokens per row ``T``, at positions ``0 .. T - 1``.
         attention: ``"reference"`` (default): the masked jnp reference over ``[B, H, T, T]`` f32 scores;
             ``"xla"`` / ``"cudnn"``: ``jax.nn.dot_product_attention`` with ``is_causal`` and that implementation
-            (``"cudnn"``: the fused flash attention, 16-bit activations on a GPU).
+            (``"cudnn"``: the fused flash attention, 16-bit weights on a GPU).
 
     Returns:
         ``AttentionMetadata``: causal over the ``T`` fresh tokens, no committed prefix, an empty page table and

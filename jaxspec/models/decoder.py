@@ -242,7 +242,8 @@ class SelfAttention(nnx.Module):
         if inv is not None:
             out, cache = self._invariant_attention(q, k, v, meta, cache, layer, inv)
         elif cache is None and meta.causal_attention is not None:  # dense causal (training's teacher)
-            out = _dense_causal_attention(q, k, v, e**-0.5, meta.causal_attention)
+            dt = self.qkv_proj.kernel[...].dtype  # in the weights' dtype, as the paged path casts to its pool's
+            out = _dense_causal_attention(q.astype(dt), k.astype(dt), v.astype(dt), e**-0.5, meta.causal_attention)
         elif cache is None:  # dense forward (training, tests): no prefix and nothing paged, so the jnp reference
             pool = k.reshape(b * nq, hkv, e)
             out = paged_attention(q, k, v, pool, pool, meta.page_table[:, :0], meta.prefix_lens, meta.qmask,
@@ -290,9 +291,10 @@ class SelfAttention(nnx.Module):
 
 def _dense_causal_attention(q, k, v, scale: float, implementation: str):
     """``jax.nn.dot_product_attention`` over a dense causal forward (``AttentionMetadata.causal_attention``): ``q
-    [B, T, Hq, E]``, ``k, v [B, T, Hkv, E]`` (GQA) -> ``[B, T, Hq, E]`` in q's dtype; f32 at highest precision."""
+    [B, T, Hq, E]``, ``k, v [B, T, Hkv, E]`` (GQA) in the weights' dtype -> ``[B, T, Hq, E]`` in that dtype; f32
+    at highest precision."""
     if implementation == "cudnn" and (jax.default_backend() != "gpu" or q.dtype not in (jnp.bfloat16, jnp.float16)):
-        raise ValueError(f"causal_attention: 'cudnn' needs a GPU and 16-bit activations, got backend "
+        raise ValueError(f"causal_attention: 'cudnn' needs a GPU and 16-bit weights, got backend "
                          f"{jax.default_backend()!r} and {q.dtype}")
     with jax.default_matmul_precision("highest" if q.dtype == jnp.float32 else "default"):
         return jax.nn.dot_product_attention(q, k.astype(q.dtype), v.astype(q.dtype), scale=scale, is_causal=True,
