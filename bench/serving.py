@@ -16,7 +16,8 @@ Concurrency: the engine's ``max_batch`` (``--max-batch``) slots.
 
 Modes (``--modes``):
 
-* ``plain``: plain decoding; ``spec``: the EAGLE-3 head with ``--spec`` (chain ``3,1,4``: ``S,K,N``);
+* ``plain``: plain decoding; ``plain-sync``: the same engine through ``ServingEngine(overlap=False)`` (each step
+  reads its own tokens: what the host's work between steps costs); ``spec``: the EAGLE-3 head with ``--spec`` (chain ``3,1,4``: ``S,K,N``);
   ``adaptive``: EAGLE-3 with ``(3,1,4)`` and ``(7,1,8)`` and ``AdaptivePolicy`` (round costs calibrated at the
   slot count when the core is built). Each through a ``ServingEngine(engine, rounds_per_step=--rounds)``.
 * ``static``: the static-batching baseline at equal concurrency, at saturation only: ``Engine.generate`` (plain)
@@ -67,7 +68,7 @@ import traceback
 import _cli
 from _rows import Run
 
-MODES = ("plain", "spec", "adaptive", "static", "http")
+MODES = ("plain", "plain-sync", "spec", "adaptive", "static", "http")
 
 
 def _parse(argv):
@@ -433,7 +434,7 @@ class Setup:
         from jaxspec.engine import AdaptivePolicy, Engine
 
         a = self.args
-        key = "plain" if mode in ("plain", "static") else mode
+        key = "plain" if mode in ("plain", "plain-sync", "static") else mode
         if ("engine", key) in self._cache:
             return self._cache[("engine", key)]
         kw = dict(page_size=a.page_size, max_batch=a.max_batch, eos_id=self.eos)
@@ -454,7 +455,7 @@ class Setup:
         from jaxspec.serving import ServingEngine
 
         if ("serving", mode) not in self._cache:
-            se = ServingEngine(self.engine(mode), rounds_per_step=self.args.rounds)
+            se = ServingEngine(self.engine(mode), rounds_per_step=self.args.rounds, overlap=mode != "plain-sync")
             se.warmup()  # every slot / chunk bucket compiled (the server does the same at its start)
             self._cache[("serving", mode)] = se
         return self._cache[("serving", mode)]
@@ -515,7 +516,7 @@ def run_mode(run, setup, mode, rates, args, http_server=None):
                 times = dataclasses.replace(se.times)
                 traces, t0, mean_acc = drive(se, work, setup.stop_ids)
                 breakdown = step_breakdown(times, se.times)
-                if mode == "plain":
+                if mode in ("plain", "plain-sync"):
                     mean_acc = 1.0
             row = dict(base, **metrics(traces, t0), **breakdown, mean_accept_length=mean_acc, warmup_s=warm_s,
                        limits=[m for _, _, m in work],

@@ -166,6 +166,23 @@ def test_tree_interleaved_equals_solo():
     _check_outputs(se, schedule, ids, streamed)
 
 
+def test_without_overlap_each_step_reads_itself():
+    """``overlap=False``: each step reads and returns its own tokens (nothing is left in flight after it); a
+    random interleaving with an abort (chain, page size 16, chunked prompts, on the shared core's engine) still
+    gives every request its solo output and frees every page."""
+    se = ServingEngine(_serving("chain", 16).engine, max_prefill_tokens=CHUNKED, overlap=False)
+    rng = np.random.default_rng()
+    schedule = [(int(rng.integers(0, 6)), _prompt(int(rng.integers(0, 2**16)), int(rng.integers(1, 21))),
+                 int(rng.integers(1, 17))) for _ in range(6)]
+    step = se.step
+    se.step = lambda: step() if not se._pending else pytest.fail("a step left before it was read")
+    ids, streamed = _run(se, schedule, aborts=((2, 3),))
+    assert not se._pending
+    _check_outputs(se, schedule, ids, streamed, aborts=((2, 3),))
+    with pytest.raises(ValueError, match="overlap"):
+        ServingEngine(se.engine, overlap=1)
+
+
 def _poison(se: ServingEngine) -> None:
     """Fill every KV pool (target and drafter, the dummy page included) with NaN: attention masks what it
     must not read (a masked NaN contributes nothing), so a NaN can only reach a logit through a read of a slot
@@ -242,11 +259,11 @@ def test_steady_state_compiles_nothing(spec):
     assert se.prefill_buckets == [(1, 8), (2, 8), (4, 8), (1, 16), (2, 16), (4, 16)]
     assert se.prefill_chunk_buckets == [(1, 8), (1, 16)]  # a step has at most one non-final chunk
     # the progress line: one call before each executable (the table refresh, a non-final prefill per width, a
-    # last-chunk prefill per prefill bucket, a decode per slot bucket)
+    # last-chunk prefill per prefill bucket, a decode per slot bucket, the copy of a step's outputs)
     names = ["page tables", "prefill 1 chunks of 8", "prefill 1 chunks of 16"]
     names += [f"last {c} chunks of {p}" for c, p in se.prefill_buckets]
-    names += ["decode 1 slots", "decode 2 slots", "decode 4 slots", "done"]
-    assert calls == [(i, 12, what) for i, what in enumerate(names)]
+    names += ["decode 1 slots", "decode 2 slots", "decode 4 slots", "step outputs", "done"]
+    assert calls == [(i, 13, what) for i, what in enumerate(names)]
     entries = eng._entry_points(False)
     compiled = (entries.decode._cache_size(), entries.prefill._cache_size(), entries.prefill_chunk._cache_size())
     buckets, widths, partial = [], [], []
@@ -290,8 +307,9 @@ def test_parallel_warmup_compiles_each_executable_once():
     se.warmup(progress=lambda done, total, what: calls.append((done, total, what)), threads=2)
     names = ["page tables"] + [f"prefill 1 chunks of {p}" for p in se.chunk_buckets]
     names += [f"last {c} chunks of {p}" for c, p in se.prefill_buckets] + ["decode 1 slots", "decode 2 slots"]
+    names += ["step outputs"]
     total = len(names)
-    assert total == 1 + 2 + 4 + 2 and COMPILES.count - before == total  # nothing compiled twice
+    assert total == 1 + 2 + 4 + 2 + 1 and COMPILES.count - before == total  # nothing compiled twice
     assert calls[-1] == (total, total, "done") and len(calls) == 2 * total + 1  # lowered, compiled; the end
     assert sorted(what for _, _, what in calls[:-1]) == sorted(names * 2)
     assert [d for d, _, _ in calls] == sorted(d for d, _, _ in calls) and {t for _, t, _ in calls} == {total}
@@ -360,18 +378,22 @@ def test_several_rounds_per_step():
     ids, streamed = _run(se, schedule)
     _check_outputs(se, schedule, ids, streamed)
     assert eng._entry_points(False).decode._cache_size() <= 3  # one per slot bucket 1, 2, 4, whatever R
-    se = ServingEngine(eng, rounds_per_step=4)
-    short = _add(se, np.array(_prompt(56, 4), np.int32), 2)  # its first round ends it
-    long = _add(se, np.array(_prompt(57, 4), np.int32), 40)
-    se.step()
-    assert short.status == "finished"
-    assert 2 <= len(long.output) <= 1 + CHAIN.num_steps + 1  # prefill's token + one round
-    se.run_until_done()
-    assert long.output == _solo(_prompt(57, 4), 40)
+    for overlap in (False, True):  # with overlap a step returns the step before it: the first returns nothing
+        se = ServingEngine(eng, rounds_per_step=4, overlap=overlap)
+        short = _add(se, np.array(_prompt(56, 4), np.int32), 2)  # its first round ends it
+        long = _add(se, np.array(_prompt(57, 4), np.int32), 40)
+        if overlap:
+            assert se.step() == [] and short.status == "running" and long.output == []
+        se.step()
+        assert short.status == "finished"
+        assert 2 <= len(long.output) <= 1 + CHAIN.num_steps + 1  # prefill's token + one round
+        se.run_until_done()
+        assert long.output == _solo(_prompt(57, 4), 40)
 
 
 def test_one_host_read_per_step(monkeypatch):
-    """A step transfers nothing implicitly (``jax.transfer_guard("disallow")``) and reads the device once: one
+    """A step transfers nothing implicitly (``jax.transfer_guard("disallow")``) and reads the device once (the step
+    before it: ``overlap``): one
     ``jax.device_get`` of six arrays, and no other array read back (``bool`` / ``int`` / ``tolist`` of a device
     array go through ``_value``, counted; NumPy's buffer protocol on a CPU array is not seen here); an abort
     reads nothing, and neither does a step that only prefilled a non-final chunk."""
@@ -393,7 +415,8 @@ def test_one_host_read_per_step(monkeypatch):
                 n, m = len(calls), len(reads)
                 se.cancel(a)
                 assert (len(calls), len(reads)) == (n, m)
-    assert len(calls) == steps and len(reads) == 6 * steps
+    # overlap: a step reads the step before it; the first has none, and the last one's own dispatch is not read
+    assert len(calls) == steps - 1 and len(reads) == 6 * (steps - 1)
     se = _serving("chain", 16, CHUNKED)
     calls.clear()
     reads.clear()
@@ -403,8 +426,8 @@ def test_one_host_read_per_step(monkeypatch):
         while se.has_unfinished():
             se.step()
             steps += 1
-    # chunks 8, 8 (4 left: at least the MTP lookahead of 3), then 4 and the decode
-    assert len(calls) == steps - 2 and len(reads) == 6 * (steps - 2)
+    # chunks 8, 8 (4 left: at least the MTP lookahead of 3), then 4 and the decode (read by the step after it)
+    assert len(calls) == steps - 3 and len(reads) == 6 * (steps - 3)
     assert h.output == _solo(_prompt(62, 20), 6)
 
 

@@ -224,3 +224,45 @@ def test_random_workloads_prefill_every_prompt_with_one_non_final_chunk_a_step()
         """
     )
     assert len(out) == 60 and max(out) == 1  # non-final chunks happened, never two in a step
+
+
+def test_plans_ahead_of_their_updates():
+    """The runner's overlap: step 2 is planned before step 1's read. The plan in flight counts in the pages
+    (the request is given those of both steps' rounds past its last read length, never past its whole life's
+    worst case); an update takes only the requests its plan decoded that still hold their slot, so a request
+    admitted into a retired request's slot is not given that row's old tokens; a request ended at a host stop id
+    is marked to stop in the next plan."""
+    out = _run(
+        """
+        pool = PagePool(33)
+        s = Scheduler(2, pool, max_context=64, page_size=2, rounds_per_step=2, verify_width=2, max_prefill_tokens=64)
+        a = Request("a", [1, 2], 3)
+        b = Request("b", [3, 4], 20, stop_token_ids=frozenset({9}))
+        s.add(a); s.add(b)
+        p1 = s.schedule()                    # a, b prefilled (2 tokens + 4 ahead = 3 pages each)
+        held1 = [len(a.pages), len(b.pages)]
+        p2 = s.schedule()                    # p1 in flight: 2 + 4 + 4 = 10 tokens = 5 pages; a capped at its worst
+        held2 = [len(a.pages), len(b.pages)]
+        worst = [a.worst_pages, b.worst_pages]
+        o1 = s.update(p1, result(2, [[5, 6, 7], [8]], [True, False], seq=[5, 3]))   # a done on the device
+        c = Request("c", [7, 7, 7], 4)
+        s.add(c)
+        p3 = s.schedule()                    # c admitted into a's slot 0
+        o2 = s.update(p2, result(2, [[5, 6, 7], [8, 9, 10]], [True, False], seq=[5, 6]))  # b hits its stop id 9
+        p4 = s.schedule()
+        o3 = s.update(p3, result(2, [[11], [8, 9, 10, 12]], [False, False], seq=[4, 7]))
+        OUT = dict(held=[held1, held2], worst=worst, flight=[p1.decode_rows, p2.decode_rows],
+                   decoding=[sorted(p2.decoding), sorted(r.request_id for r in p3.decoding.values())],
+                   o=[[list(x) for x in o] for o in (o1, o2, o3)], stop=[p3.stop, p4.stop],
+                   c=[c.slot, c.output], in_flight=s.in_flight)
+        """
+    )
+    assert out["worst"] == [5, 13]  # ceil(min(64, 2 + 3 + 4) / 2), ceil(min(64, 2 + 20 + 4) / 2)
+    assert out["held"] == [[3, 3], [5, 5]]  # a: 5 pages is its worst case already
+    assert out["decoding"] == [[0, 1], ["b", "c"]]
+    assert out["o"][0] == [["a", [5, 6, 7], True, "length"], ["b", [8], False, None]]
+    # step 2's row 0 is a's frozen row: c (admitted into slot 0 after step 2 was planned) takes nothing from it
+    assert out["o"][1] == [["b", [9], True, "stop"]]
+    assert out["o"][2] == [["c", [11], False, None]]  # b retired: its row in step 3 is not read
+    assert out["stop"] == [[], [1]]  # b's row runs on the device until the plan after its stop marks it done
+    assert out["c"] == [0, [11]] and out["in_flight"] == 1

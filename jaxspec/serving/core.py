@@ -5,10 +5,14 @@ scheduler's plan (``serving.scheduler``: chunks under a token and a page budget)
 prefills the step's chunks into their slots in one call per kind (the engine's slot API: the last chunks of
 prompts in one ``Engine.prefill_slots``, the step's one non-final chunk, if any, in another), decodes up to
 ``R`` rounds over the occupied slot bucket (``Engine.decode_slots``), reads the new tokens back once and hands
-them to the scheduler; ``cancel`` frees a request's slot and pages at once. How each part works (scheduling,
-page policy, chunk boundaries, buckets, sampling, stopping): ``docs/serving.md``, "How the core works".
+them to the scheduler; ``cancel`` frees a request's slot and pages at once. With ``overlap`` (the default) a
+step reads the previous step's tokens after it has dispatched its own calls, so the host's planning, packing
+and dispatch run while the device works through the previous step (JAX's asynchronous dispatch; SGLang's
+overlap scheduler). How each part works (scheduling, page policy, chunk boundaries, buckets, sampling,
+stopping): ``docs/serving.md``, "How the core works".
 """
 
+import collections
 import concurrent.futures
 import dataclasses
 import functools
@@ -52,6 +56,15 @@ def chunk_batch_buckets(slot_buckets: list[int], chunk_buckets: list[int], budge
     return out
 
 
+@jax.jit
+def _step_outputs(state):
+    """Copies of what a step reads back (``StepResult``'s arrays and the adaptive policy's rounds per mode): the
+    next step's calls donate the state, so a read that waits for them must not hold the state's own buffers."""
+    modes = None if state.policy is None else state.policy.mode_rounds
+    return jax.tree.map(lambda x: x.copy(), (state.done, state.num_generated, state.seq_lens, state.out_tokens,
+                                             state.num_rounds, state.num_accepted, modes))
+
+
 @dataclasses.dataclass
 class StepTimes:
     """Where a core's steps went (seconds, summed since construction): ``host`` (planning, packing and
@@ -88,6 +101,10 @@ class ServingEngine:
         keeps the running requests' inter-token latency even when requests arrive in bursts or with long
         prompts, larger gives a new request its first token in fewer steps. At least the drafter's
         ``prefill_lookahead`` (1 for plain decoding).
+      overlap: ``True`` (default): ``step`` plans and dispatches its calls, then reads and returns the tokens
+        of the step before it (the device is never idle while the host plans; a request's tokens come back as
+        soon as the device has made them, and the step that follows its last token retires it). ``False``:
+        ``step`` reads and returns its own tokens (the host's work between two steps leaves the device idle).
 
     ``submit(prompt_ids, RequestParams(...))`` queues a request and returns its ``RequestHandle`` (iterate it for
     its tokens); ``step()`` runs one iteration and returns a ``RequestOutput`` per request that produced tokens
@@ -100,7 +117,7 @@ class ServingEngine:
     """
 
     def __init__(self, engine: Engine, *, rounds_per_step: int = 1, sampling: bool = False,
-                 max_prefill_tokens: int = DEFAULT_MAX_PREFILL_TOKENS):
+                 max_prefill_tokens: int = DEFAULT_MAX_PREFILL_TOKENS, overlap: bool = True):
         if not isinstance(engine, Engine):
             raise ValueError(f"engine: expected a jaxspec.engine.Engine, got {type(engine).__name__}")
         if engine.simulate_accept is not None:
@@ -109,6 +126,11 @@ class ServingEngine:
             raise ValueError(f"rounds_per_step: expected an int >= 1, got {rounds_per_step!r}")
         if not isinstance(sampling, bool):
             raise ValueError(f"sampling: expected a bool, got {sampling!r}")
+        if not isinstance(overlap, bool):
+            raise ValueError(f"overlap: expected a bool, got {overlap!r}")
+        self.overlap = overlap
+        self._pending: collections.deque = collections.deque()  # dispatched steps not read yet (step())
+        self._last_read = 0.0  # when the last read came back
         self.lookahead = engine.prefill_lookahead
         t = max_prefill_tokens
         if not isinstance(t, int) or isinstance(t, bool) or t < self.lookahead:
@@ -231,7 +253,8 @@ class ServingEngine:
     def warmup(self, progress=None, *, threads: int | None = None) -> None:
         """Compile every executable a step can run (the table refresh, the last chunks' prefill of every
         chunk-count and width bucket a step's budget allows, ``prefill_buckets``, the non-final chunk's of every
-        width, ``prefill_chunk_buckets``, the decode of every slot bucket), so that no later step compiles;
+        width, ``prefill_chunk_buckets``, the decode of every slot bucket, the copy of a step's outputs), so that
+        no later step compiles;
         only on an idle core (nothing queued or running: ``RuntimeError`` else). With ``threads > 1`` every
         executable is first lowered (one after another, on this thread) and compiled ahead of time on a pool of
         ``threads`` threads (XLA's compile releases the GIL, so compiles can overlap), then each is called once,
@@ -241,7 +264,7 @@ class ServingEngine:
         Args:
           progress: ``None``, or ``progress(done, total, what)``: ``done`` of ``total`` executables compiled so
             far, ``what`` names one (``"page tables"``, ``"last 4 chunks of 64"``, ``"prefill 1 chunks of 64"``,
-            ``"decode 8 slots"``, ...), called once at the end with ``done == total`` and ``"done"``: a caller's
+            ``"decode 8 slots"``, ``"step outputs"``), called once at the end with ``done == total`` and ``"done"``: a caller's
             progress line. ``threads == 1``: called before each executable (``what`` the next one); else as each
             is lowered (``what`` that one) and as each compile ends (``what`` the one that ended).
           threads: the compile threads, an int >= 1 (1: each executable compiled by its call, one after
@@ -285,6 +308,7 @@ class ServingEngine:
                   for c, p in buckets]
         calls += [(f"decode {b} slots", functools.partial(lower_decode, b), functools.partial(decode, b))
                   for b in self.slot_buckets]
+        calls += [("step outputs", lambda: _step_outputs.lower(self._state), lambda: _step_outputs(self._state))]
         total = len(calls)
         if threads > 1:
             self._compile_ahead([(what, lower) for what, lower, _ in calls], threads, report)
@@ -373,43 +397,55 @@ class ServingEngine:
 
     def step(self) -> list[RequestOutput]:
         """One iteration (module docstring): the scheduler's plan, its page tables, the prefill calls, ``R``
-        rounds over the slot bucket, one read back, the scheduler's update. Returns the outputs of the requests
-        that produced tokens or ended."""
+        rounds over the slot bucket, then one read back and the scheduler's update: of the step before this one
+        (``overlap``, when this one decodes), or of this one. Returns the outputs of the requests that produced
+        tokens or ended in the step read."""
         t_start = time.perf_counter()
         plan = self.scheduler.schedule(t_start)
         t_plan = time.perf_counter()
-        self._refresh(plan.tables)
+        stop = None
+        if plan.stop:
+            stop = np.zeros((self.num_slots,), bool)
+            stop[plan.stop] = True
+        self._refresh(plan.tables, stop)
         for final in (False, True):
             chunks = [c for c in plan.chunks if c.final == final]
             if chunks:
                 self._prefill(chunks, final)
-        if not plan.decode_rows:
-            self.times.plan += t_plan - t_start
-            self.times.dispatch += time.perf_counter() - t_plan
-            return []  # only non-final chunks ran: nothing to decode, nothing to read
-        bucket = next_pow2(plan.decode_rows)
-        self._decode(bucket)
-        st = self._state
-        modes = None if st.policy is None else st.policy.mode_rounds
-        t_sent = time.perf_counter()
-        read = jax.device_get((st.done, st.num_generated, st.seq_lens, st.out_tokens, st.num_rounds, st.num_accepted,
-                               modes))
+        if plan.decode_rows:
+            bucket = next_pow2(plan.decode_rows)
+            self._decode(bucket)
+            self._pending.append((plan, bucket, t_start, _step_outputs(self._state)))
+        times = self.times
+        times.plan += t_plan - t_start
+        times.dispatch += time.perf_counter() - t_plan
+        keep = 1 if self.overlap and plan.decode_rows else 0  # this step's own read waits for the next step
+        outputs = []
+        while len(self._pending) > keep:
+            outputs += self._read(*self._pending.popleft())
+        return outputs
+
+    def _read(self, plan, bucket: int, t_start: float, arrays) -> list[RequestOutput]:
+        """The one host read of a dispatched step and the scheduler's update; an adaptive core's prices learn
+        from the step's wall time (from its dispatch, or from the read before it when the device was still busy
+        with that one)."""
+        t_wait = time.perf_counter()
+        read = jax.device_get(arrays)
         t_read = time.perf_counter()
         if self.step_costs is not None:  # the step's wall time prices the policy's next rounds
             ran = read[-1] - self._mode_rounds
             # StepCosts subtracts the slot count's in-loop costs; this step's rounds cost its bucket's
             extra = float(ran @ (self._bucket_costs[bucket] - self.step_costs.base))
-            self.step_costs.observe(t_read - t_start - extra, ran)
+            self.step_costs.observe(t_read - max(t_start, self._last_read) - extra, ran)
             self._mode_rounds = read[-1].astype(np.int64)
+        self._last_read = t_read
         outputs = self.scheduler.update(plan, StepResult(*read[:-1]), t_read)
         for out in outputs:
             if out.finished:
                 del self.requests[out.request_id]  # its handle (and the step's output) carry what is left of it
         times = self.times
-        times.plan += t_plan - t_start
-        times.dispatch += t_sent - t_plan
         times.update += time.perf_counter() - t_read
-        times.device += t_read - t_sent
+        times.device += t_read - t_wait
         times.steps += 1
         return outputs
 

@@ -7,6 +7,12 @@ as a ``StepResult`` to ``Scheduler.update(plan, result, now)``, which appends ea
 matches its stop ids and retires the finished ones (slot and pages freed at once). It holds the waiting,
 running and finished requests, the slots (lowest free first), the KV page free list (``PagePool``) and the
 page reservation; ``docs/serving.md`` ("How the core works") has the policy in words.
+
+Plans may run ahead of their updates (SGLang's overlap scheduler: the runner plans and dispatches step
+``k + 1`` before it reads step ``k``): every decoding request is given the pages of all the steps planned and
+not yet updated (``in_flight``) ahead of its last read length, and ``update`` takes a plan's outputs only for
+the requests that plan decoded and that still hold their slot (a request retired or cancelled since, and a
+new request admitted into its slot, are not confused with that row's old outputs).
 """
 
 import collections
@@ -135,12 +141,17 @@ def chunk_length(remaining: int, budget: int, lookahead: int) -> int:
 class StepPlan:
     """What one step runs (``Scheduler.schedule``): ``chunks`` (the prefill chunks, in order: a step prefills
     its last chunks in one call and its non-final chunk, at most one, in another), ``tables`` (slot -> (first
-    column, page ids): the page-table rows to write before anything runs), ``decode_rows`` (the rows the decode
-    covers: the highest occupied slot + 1; 0 when no request decodes, and then nothing is read back)."""
+    column, page ids): the page-table rows to write before anything runs), ``stop`` (slots whose requests the
+    host retired since the last plan, at a stop id: their rows are marked done before anything runs),
+    ``decode_rows`` (the rows the decode covers: the highest occupied slot + 1; 0 when no request decodes, and
+    then nothing is read back), ``decoding`` (slot -> the request decoding there: the rows whose outputs
+    ``update`` takes)."""
 
     chunks: list
     tables: dict
     decode_rows: int
+    stop: list = dataclasses.field(default_factory=list)
+    decoding: dict = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass
@@ -197,6 +208,8 @@ class Scheduler:
         self.running: dict[int, Request] = {}  # slot -> request
         self.prefilling: list[Request] = []  # running requests part-way through their prompt, admission order
         self._tables: dict[int, tuple[int, list[int]]] = {}  # slot -> (first column, pages): the next refresh
+        self._stop: list[int] = []  # slots retired at a host-matched stop id since the last plan
+        self.in_flight = 0  # plans with rows to decode whose update has not come back yet
         self.generated = self.rounds = self.accepted = 0  # over every request served
 
     # ------------------------------------------------------------------ requests in
@@ -280,13 +293,12 @@ class Scheduler:
         return out
 
     def _grow(self, req: Request, tokens: int) -> None:
-        """Assign ``req`` the pages covering its first ``tokens`` positions (capped at ``W``)."""
-        need = math.ceil(min(self.max_context, tokens) / self.page_size)
+        """Assign ``req`` the pages covering its first ``tokens`` positions (capped at ``W`` and at its whole
+        life's ``worst_pages``: the device writes no position past those, however many steps run ahead)."""
+        need = min(math.ceil(min(self.max_context, tokens) / self.page_size), req.worst_pages)
         new = need - len(req.pages)
         if new <= 0:
             return
-        if need > req.worst_pages:
-            raise RuntimeError(f"request {req.request_id}: {need} pages exceed its budget of {req.worst_pages}")
         pages = self.pool.allocate(new)
         start, old = self._tables.get(req.slot, (len(req.pages), []))
         self._tables[req.slot] = (start, old + pages)
@@ -295,8 +307,9 @@ class Scheduler:
     def schedule(self, now: float | None = None) -> StepPlan:
         """The next step's ``StepPlan``: its chunks (admissions included), and the pages every chunk's tokens
         reach (a prompt's last chunk also those of the step's rounds) and every decoding request's next ``R``
-        rounds reach, as page-table rows."""
+        rounds reach, past the rounds of the plans in flight (module docstring), as page-table rows."""
         ahead = self.rounds_per_step * self.verify_width
+        behind = ahead * self.in_flight  # what the plans not yet updated may have added to a last read length
         chunks = self._chunks(now)
         for c in chunks:
             req = c.req
@@ -312,19 +325,27 @@ class Scheduler:
             if req.decoding:
                 decoding = True
                 if id(req) not in scheduled:
-                    self._grow(req, req.seq_len + ahead)
+                    self._grow(req, req.seq_len + behind + ahead)
         rows = max(self.running) + 1 if decoding else 0
-        return StepPlan(chunks, self.take_tables(), rows)
+        stop, self._stop = self._stop, []
+        if rows:
+            self.in_flight += 1
+        live = {slot: r for slot, r in self.running.items() if r.decoding} if rows else {}
+        return StepPlan(chunks, self.take_tables(), rows, stop, live)
 
     # ------------------------------------------------------------------ outputs back
     def update(self, plan: StepPlan, result: StepResult, now: float | None = None) -> list[RequestOutput]:
-        """Take the step's read back: each decoding request's new tokens (cut at its first host-matched stop id
-        from output position ``min_tokens`` on), its counters, and those that finished (the device's ``done``
-        or a stop id) retired. Returns a ``RequestOutput`` per request that produced tokens or ended."""
+        """Take the step's read back (plans are updated in the order they were made): each request the plan
+        decoded that still holds its slot gets its new tokens (cut at its first host-matched stop id from output
+        position ``min_tokens`` on) and its counters, and those that finished (the device's ``done`` or a stop
+        id) are retired. Returns a ``RequestOutput`` per request that produced tokens or ended."""
+        if not plan.decode_rows:
+            return []  # it decoded nothing (and was never in flight)
+        self.in_flight -= 1
         outputs = []
-        for slot, req in list(self.running.items()):
-            if not req.decoding:
-                continue
+        for slot, req in plan.decoding.items():
+            if req.status != "running" or req.slot != slot:
+                continue  # retired or cancelled since the plan (its slot may hold a newer request)
             num = int(result.num_generated[slot])
             new = [int(t) for t in result.out_tokens[slot][len(req.output): num]]
             rounds, acc = int(result.num_rounds[slot]), int(result.num_accepted[slot])
@@ -346,6 +367,8 @@ class Scheduler:
             if finished:
                 eos = self.eos_id
                 hit = stop is not None or (eos >= 0 and req.output and req.output[-1] == eos)
+                if not result.done[slot]:
+                    self._stop.append(slot)  # the device row runs on until the next plan marks it done
                 self._finish(req, "stop" if hit else "length", now)
             if new or finished:
                 outputs.append(RequestOutput(req.request_id, new, finished, req.finish_reason))
