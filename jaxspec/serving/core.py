@@ -376,7 +376,8 @@ class ServingEngine:
         """End a queued or running request now (its ``RequestHandle`` or the id of an unfinished request): its
         slot and pages are free when this returns (the row is marked done and its table row moved to the dummy
         page before any later round runs). Cancelling a finished request's handle does nothing; the id of a
-        finished request is no longer known (``ValueError``, as for any unknown id)."""
+        finished request is no longer known (``ValueError``, as for any unknown id). It reads nothing back, unless
+        it leaves the core without requests and a step in flight: then it reads that step (``_drain_if_idle``)."""
         if isinstance(request, RequestHandle) and request._core is self:
             req = request._req
         else:
@@ -391,6 +392,7 @@ class ServingEngine:
             stop = np.zeros((self.num_slots,), bool)
             stop[slot] = True
             self._refresh(self.scheduler.take_tables(), stop)
+        self._drain_if_idle()
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
@@ -423,7 +425,14 @@ class ServingEngine:
         outputs = []
         while len(self._pending) > keep:
             outputs += self._read(*self._pending.popleft())
+        self._drain_if_idle()
         return outputs
+
+    def _drain_if_idle(self) -> None:
+        """With no request left, read the step still in flight (it holds the plan of requests that have ended:
+        the core keeps nothing of a request it has served); a core with requests leaves it to the next step."""
+        while self._pending and not self.scheduler.has_unfinished():
+            self._read(*self._pending.popleft())
 
     def _read(self, plan, bucket: int, t_start: float, arrays) -> list[RequestOutput]:
         """The one host read of a dispatched step and the scheduler's update; an adaptive core's prices learn
