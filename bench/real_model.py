@@ -276,6 +276,31 @@ def part_spec(run, models, prompts, batches, args, eos_id, mode="default"):
                     speedup=tok_s / plain_tok[b] if b in plain_tok else None, **extra)
             print(f"{name:<18s} b={b:<3d} {tok_s:10.1f} tok/s  {tok_s / plain_tok.get(b, float('nan')):.2f}x plain "
                   f"(accept {res.mean_accept_length:.2f}; first call {first_s:.1f} s; {mode})", flush=True)
+            if res.mode_rounds is not None:
+                _forced_rows(run, eng, name, prompts[:b], args, plain_tok.get(b), mode)
+
+
+def _forced_rows(run, eng, name, prompts, args, plain_tok_s, mode):
+    """An adaptive engine with every round forced to one mode (``Engine.run_decode(mode=)``: the same executable
+    as the policy's loop) on the same prompts: what each mode costs inside the adaptive loop, beside the fixed
+    engines' rows and the policy's own (a policy that picks plain should cost what this plain row costs)."""
+    import numpy as np
+
+    for m in range(1 + len(eng.opts.specs)):
+        if not run.time_left():
+            return
+
+        def call():
+            st = eng.run_decode(eng.run_prefill(*eng.prepare(prompts, args.new_tokens)), mode=m)
+            return eng.result(st, len(prompts))
+
+        res, _, s = _timed(call, args.repeats)
+        tok_s = _n_tokens(res) / s
+        run.add(part="spec", mode=mode, engine="jaxspec", config=name, forced_mode=m, batch=len(prompts),
+                tokens=_n_tokens(res), seconds=s, tok_s=tok_s, accept_len=res.mean_accept_length,
+                rounds=int(np.max(res.num_rounds)), speedup=tok_s / plain_tok_s if plain_tok_s else None)
+        print(f"{name:<18s} b={len(prompts):<3d} forced mode {m}: {tok_s:10.1f} tok/s "
+              f"{tok_s / (plain_tok_s or float('nan')):.2f}x plain (accept {res.mean_accept_length:.2f})", flush=True)
 
 
 def _round_costs_ms(eng) -> dict:
