@@ -408,3 +408,19 @@ def test_policy_fresh_average_runs_until_probe_requests():
             ran += 1
         assert ran == rounds, (rows, ran)
         assert int(ps.backoff[1]) == 2
+
+
+def test_calibration_refuses_rounds_it_cannot_time(adaptive, monkeypatch):
+    """A mode whose extra rounds time at or below the one-round call (a clock that cannot resolve them, or rounds
+    that did not run) is an error naming the mode, not a price of ~0 that the policy would always choose."""
+    import jaxspec.engine.calibrate as cal
+
+    ticks = iter(range(10**6))
+    monkeypatch.setattr(cal.time, "perf_counter", lambda: float(next(ticks)))  # every call takes one tick
+    costs = dict(adaptive.round_costs)
+    try:
+        with pytest.raises(RuntimeError, match=r"calibrate: mode 0 \(plain\) timed 0.0 us for \d+ more rounds"):
+            adaptive.calibrate(2)
+    finally:
+        adaptive.round_costs.clear()
+        adaptive.round_costs.update(costs)

@@ -61,6 +61,13 @@ def calibrate(engine, batch_size: int, *, context: int | None = None, rounds: in
                 elapsed[trips].append(time.perf_counter() - t0)
         # the fastest call of each length: a call's fixed cost varies (measured on the H200 with the loop in
         # one CUDA graph: single pairs gave plain decoding 0 s per round), and noise only adds time
-        costs[mode] = max(min(elapsed[1 + rounds]) - min(elapsed[1]), 1e-9 * rounds) / rounds
+        spent = min(elapsed[1 + rounds]) - min(elapsed[1])
+        if not spent > 0:  # a price of ~0 would make the policy choose this mode whatever it accepts
+            raise RuntimeError(
+                f"calibrate: mode {mode} ({'plain' if mode == 0 else opts.specs[mode - 1]}) timed {spent * 1e6:.1f} us "
+                f"for {rounds} more rounds at batch {batch_size} (fastest of 3: {min(elapsed[1 + rounds]) * 1e3:.3f} "
+                f"ms against {min(elapsed[1]) * 1e3:.3f} ms): the rounds did not run or the clock cannot resolve "
+                f"them; pass a larger rounds= (and max_context to hold them)")
+        costs[mode] = spent / rounds
     engine.round_costs[b] = costs
     return costs
