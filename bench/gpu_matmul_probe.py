@@ -80,7 +80,8 @@ def _gemv(x, w, nw, r, *, bn, bk, warps, stages, norm_eps=None, swiglu=False):
     dummy = jnp.zeros((1,), jnp.float32)
     return pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32), grid=(-(-n // bn),),
                           compiler_params=compiler_params(num_warps=warps, num_stages=stages),
-                          interpret=jax.default_backend() == "cpu", name=f"probe_gemv_k{k}_n{n}")(x, w, dummy if nw is None else nw, dummy if r is None else r)
+                          interpret=jax.default_backend() == "cpu", name=f"probe_gemv_k{k}_n{n}")(
+        x, w, dummy if nw is None else nw, dummy if r is None else r)
 
 
 def main(argv=None):

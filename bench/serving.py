@@ -17,7 +17,8 @@ Concurrency: the engine's ``max_batch`` (``--max-batch``) slots.
 Modes (``--modes``):
 
 * ``plain``: plain decoding; ``plain-sync``: the same engine through ``ServingEngine(overlap=False)`` (each step
-  reads its own tokens: what the host's work between steps costs); ``spec``: the EAGLE-3 head with ``--spec`` (chain ``3,1,4``: ``S,K,N``);
+  reads its own tokens: what the host's work between steps costs); ``spec``: the EAGLE-3 head with ``--spec``
+  (chain ``3,1,4``: ``S,K,N``);
   ``adaptive``: EAGLE-3 with ``(3,1,4)`` and ``(7,1,8)`` and ``AdaptivePolicy`` (round costs calibrated at the
   slot count when the core is built). Each through a ``ServingEngine(engine, rounds_per_step=--rounds)``.
 * ``static``: the static-batching baseline at equal concurrency, at saturation only: ``Engine.generate`` (plain)

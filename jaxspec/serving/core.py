@@ -264,8 +264,8 @@ class ServingEngine:
         Args:
           progress: ``None``, or ``progress(done, total, what)``: ``done`` of ``total`` executables compiled so
             far, ``what`` names one (``"page tables"``, ``"last 4 chunks of 64"``, ``"prefill 1 chunks of 64"``,
-            ``"decode 8 slots"``, ``"step outputs"``), called once at the end with ``done == total`` and ``"done"``: a caller's
-            progress line. ``threads == 1``: called before each executable (``what`` the next one); else as each
+            ``"decode 8 slots"``, ``"step outputs"``), called once at the end with ``done == total`` and
+            ``"done"``: a caller's progress line. ``threads == 1``: called before each executable (``what`` the next one); else as each
             is lowered (``what`` that one) and as each compile ends (``what`` the one that ended).
           threads: the compile threads, an int >= 1 (1: each executable compiled by its call, one after
             another); default ``min(MAX_WARMUP_THREADS, os.cpu_count())`` on an accelerator and 1 on the CPU
