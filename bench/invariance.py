@@ -21,6 +21,10 @@ default mode and in the batch-invariant one, and what the mode costs.
   batch-invariant: prefill time (prompt tokens/s), then ``--max-new`` decode steps from there (ms per step);
   then the invariant kernels alone at the prefill's shapes (``B * prompt`` rows through the projections,
   ``invariant_attention`` over ``[B, prompt]`` causal queries) against the default ones (us per call).
+* ``--attention-tiles S/R``: a probe of ``invariant_attention``'s two constants, the key positions per split
+  (``KEY_SPLIT``, a multiple of ``KEY_BLOCK``) and the query tile's rows (``TILE_ROWS``, at least 16), set for
+  the whole run. Any fixed pair keeps the mode invariant (``--checks`` counts it); the pair changes the
+  kernel's speed and its rounding. ``--modes``: the modes the checks and the timing run (default both).
 * ``--matmul``: ``invariant_matmul`` against the default product (``jnp.dot``, what ``Linear`` runs) at
   SmolLM2's projection shapes and M = 1, 4, 32, 128, 512 rows, in device loops (us per call).
 """
@@ -53,6 +57,8 @@ def _parse(argv):
     ap.add_argument("--context", type=int, default=512, help="tokens in the KV at the start of the timed loop")
     ap.add_argument("--max-new", type=int, default=64, help="tokens generated per request in a timed loop")
     ap.add_argument("--tiny", action="store_true", help="CPU-sized shapes (the test path)")
+    ap.add_argument("--attention-tiles", default=None, help="KEY_SPLIT/TILE_ROWS of invariant_attention (a probe)")
+    ap.add_argument("--modes", default="default,invariant", help="comma list of default, invariant (checks, timing)")
     ap.add_argument("--json", default=None, help="write the results here")
     return ap.parse_args(argv)
 
@@ -155,6 +161,31 @@ def _random_tree(rng, n: int):
     return depth, mask, paths
 
 
+def _modes(args) -> list:
+    """The ``batch_invariant`` values ``--modes`` names, in order (default first)."""
+    names = [m for m in args.modes.split(",") if m]
+    bad = [m for m in names if m not in ("default", "invariant")]
+    if bad or not names:
+        raise SystemExit(f"--modes: expected some of default, invariant, got {args.modes!r}")
+    return [m == "invariant" for m in ("default", "invariant") if m in names]
+
+
+def _attention_tiles(spec: str) -> None:
+    """Set ``invariant_attention``'s ``KEY_SPLIT`` and ``TILE_ROWS`` from ``"S/R"`` before anything is traced."""
+    import importlib
+
+    ia = importlib.import_module("jaxspec.kernels.invariant_attention")  # the module (the package exports the function)
+
+    try:
+        split, rows = (int(x) for x in spec.split("/"))
+    except ValueError:
+        raise SystemExit(f"--attention-tiles: expected KEY_SPLIT/TILE_ROWS, got {spec!r}") from None
+    if split < ia.KEY_BLOCK or split % ia.KEY_BLOCK or rows < 16 or rows & (rows - 1):
+        raise SystemExit(f"--attention-tiles: KEY_SPLIT a multiple of {ia.KEY_BLOCK}, TILE_ROWS a power of two >= 16; "
+                         f"got {spec!r}")
+    ia.KEY_SPLIT, ia.TILE_ROWS = split, rows
+
+
 def checks(args, save) -> dict:
     import jax
     import jax.numpy as jnp
@@ -169,7 +200,7 @@ def checks(args, save) -> dict:
     v, page, width = cfg.vocab_size, 16, 256
     rng = np.random.default_rng(0)
     out = {}
-    for inv in (False, True):
+    for inv in _modes(args):
         mode = "invariant" if inv else "default"
         res = out[mode] = {}
         # extend: one forward per token vs one causal forward, batch 8
@@ -246,7 +277,7 @@ def timing(args, save) -> list:
     for batch in [int(x) for x in args.batches.split(",")]:
         for name in args.configs.split(","):
             row = dict(config=name, batch=batch)
-            for inv in (False, True):
+            for inv in _modes(args):
                 kw = dict(max_context=width, page_size=16, max_batch=batch, batch_invariant=inv)
                 if name == "plain":
                     eng = Engine(model, None, **kw)
@@ -270,7 +301,8 @@ def timing(args, save) -> list:
                 row[f"{key}_compile_s"] = t_first - med
                 del eng, state
                 jax.clear_caches()
-            row["ratio"] = row["invariant_tok_s"] / row["default_tok_s"]
+            if "invariant_tok_s" in row and "default_tok_s" in row:
+                row["ratio"] = row["invariant_tok_s"] / row["default_tok_s"]
             print(json.dumps(row), flush=True)
             rows.append(row)
             save(rows)
@@ -418,6 +450,8 @@ def main(argv=None):
 
     todo = [n for n in ("checks", "timing", "matmul", "prefill") if getattr(args, n)] or ["checks", "timing",
                                                                                            "matmul"]
+    if args.attention_tiles:
+        _attention_tiles(args.attention_tiles)
     out = dict(device=str(jax.devices()[0].device_kind), jax=jax.__version__, args=vars(args))
 
     def save(name, value):  # after every part and row: a run cut short keeps what it measured
