@@ -1,15 +1,19 @@
 """Adaptive speculation's policy (``jaxspec.engine.policy``) replayed offline against the fixed modes it chooses from.
 
-``python bench/policy_sim.py --real-model real_model.json [--config eagle3-chain3] [--batches 1,8,32]
-[--costs "1:1.224,1.469,1.556;8:1.005,1.45,1.75;32:1.091,1.888,2.128"] [--calls 8] [--seeds 3] [--json PATH]``
+``python bench/policy_sim.py --real-model real_model.json [--modes eagle3-chain3:3,eagle3-chain3:3:7]
+[--batches 1,8,32] [--costs "1:1.224,1.469,1.556;8:1.005,1.45,1.75;32:1.091,1.888,2.128"] [--calls 8] [--seeds 3]
+[--json PATH]``
 
-Each simulated decode call draws ``B`` requests: an accept length per request from ``--config``'s per-request
-mean accept lengths in a ``bench/real_model.py`` JSON (its T=0 acceptance row), turned into a per-draft acceptance
-probability ``a`` of a chain of 3 (``1 + a + a**2 + a**3`` = the mean), and an output length uniform in
-``[--min-new, --max-new]``. A round of mode ``m`` (plain, chain (3,1,4), chain (7,1,8): the modes of
-``real_model.py``'s ``eagle3-adaptive``) costs ``--costs``' milliseconds for the batch bucket (``Engine.calibrate``'s
-figures for the real model, e.g. from ``real_model.json``'s ``round_costs_ms``), and yields per running request
-``1 + (drafts accepted in a row)``, capped by what the request has left. The policy runs on the jitted
+The modes besides plain decoding (``--modes``, each ``CONFIG:D[:S]``): a request accepts as it did in ``CONFIG``'s
+T=0 acceptance row of a ``bench/real_model.py`` JSON (the per-request mean accept lengths, ``accept_per_request``;
+the rows list the same prompts in the same order), whose drafts were ``D`` deep: its mean ``L`` becomes a per-draft
+acceptance ``a`` (``1 + a + .. + a**D = L``), and a round of the mode drafts ``S`` deep (default ``D``), yielding
+``1 + (drafts accepted in a row)``, capped by what the request has left. The default is ``real_model.py``'s
+``eagle3-adaptive``: chain (3,1,4) and chain (7,1,8), both from the chain of 3's row; ``eagle3-chain3:3,
+eagle3-tree:5`` is its ``eagle3-adaptive-tree`` (plain, chain 3, tree (5,4,16), the tree's acceptance modelled as
+a chain's of the same depth and mean). Each simulated decode call draws ``B`` requests (prompt indices) and an
+output length per request uniform in ``[--min-new, --max-new]``. A round of each mode costs ``--costs``' milliseconds for the batch bucket (plain first, then
+the modes in order; ``Engine.calibrate``'s figures, e.g. ``real_model.json``'s ``round_costs_ms``). The policy runs on the jitted
 ``choose_mode`` / ``update_policy`` of the library, warm-started from call to call as ``Engine.policy_memory``
 does; each fixed mode runs the same requests with the same coins. Output per batch: adaptive tokens per ms over
 the best fixed mode's, mean and worst call over ``--calls`` x ``--seeds``, and the rounds per mode. The model of
@@ -23,7 +27,7 @@ import os
 import _cli
 import numpy as np
 
-SPECS = (0, 3, 7)  # plain, chain (3,1,4), chain (7,1,8)
+DEFAULT_MODES = "eagle3-chain3:3,eagle3-chain3:3:7"  # real_model.py's eagle3-adaptive: chain (3,1,4), chain (7,1,8)
 
 
 def chain_alpha(mean: float, steps: int = 3) -> float:
@@ -35,9 +39,10 @@ def chain_alpha(mean: float, steps: int = 3) -> float:
     return (lo + hi) / 2
 
 
-def one_call(alpha, lengths, costs, rng, mode=None, policy=None):
-    """One decode call over requests with per-draft acceptance ``alpha`` and output ``lengths``: a fixed ``mode``,
-    or ``policy = (choose, update, state)``. Returns ``(tokens per ms, rounds per mode, final policy state)``."""
+def one_call(alpha, steps, lengths, costs, rng, mode=None, policy=None):
+    """One decode call over requests with per-draft acceptance ``alpha [modes, B]`` (row 0, plain, unused) in modes
+    of depth ``steps`` (0 for plain) and output ``lengths``: a fixed ``mode``, or ``policy = (choose, update,
+    state)``. Returns ``(tokens per ms, rounds per mode, final policy state)``."""
     import jax.numpy as jnp
 
     left = lengths.copy()
@@ -50,8 +55,8 @@ def one_call(alpha, lengths, costs, rng, mode=None, policy=None):
         running = left > 0
         accept = np.ones(b)
         alive = np.ones(b, bool)
-        for _ in range(SPECS[m]):
-            alive &= rng.random(b) < alpha
+        for _ in range(steps[m]):
+            alive &= rng.random(b) < alpha[m]
             accept += alive
         accept = np.minimum(accept, left) * running
         left -= accept.astype(int)
@@ -63,8 +68,9 @@ def one_call(alpha, lengths, costs, rng, mode=None, policy=None):
     return tokens / spent, rounds, ps
 
 
-def simulate(means, batch, costs, *, calls, seed, min_new, max_new):
-    """``calls`` warm-started calls at ``batch``: per call adaptive / best fixed, and the rounds per mode."""
+def simulate(means, depths, steps, batch, costs, *, calls, seed, min_new, max_new):
+    """``calls`` warm-started calls at ``batch`` (``means [modes, P]``: each mode's per-request mean accept lengths
+    measured ``depths`` deep; row 0 plain's, unused): per call adaptive / best fixed, and the rounds per mode."""
     import jax
 
     from jaxspec.engine.policy import AdaptivePolicy, choose_mode, init_policy_state, update_policy
@@ -75,12 +81,15 @@ def simulate(means, batch, costs, *, calls, seed, min_new, max_new):
     rng = np.random.default_rng(seed)
     learned, ratios, modes = None, [], np.zeros(len(costs), int)
     for c in range(calls):
-        alpha = np.array([chain_alpha(m) for m in rng.choice(means, batch)])
+        req = rng.integers(0, means.shape[1], batch)
+        alpha = np.array([[chain_alpha(means[m, r], d) if d else 0.0 for r in req] for m, d in enumerate(depths)])
         lengths = rng.integers(min_new, max_new + 1, batch)
         coins = seed * 1000 + c  # the same coins for every mode and the policy
-        fixed = [one_call(alpha, lengths, costs, np.random.default_rng(coins), mode=m)[0] for m in range(len(costs))]
-        ps = init_policy_state(costs, [1.0 + s for s in SPECS], learned)
-        rate, rounds, learned = one_call(alpha, lengths, costs, np.random.default_rng(coins), policy=(choose, update, ps))
+        fixed = [one_call(alpha, steps, lengths, costs, np.random.default_rng(coins), mode=m)[0]
+                 for m in range(len(costs))]
+        ps = init_policy_state(costs, [1.0 + s for s in steps], learned)
+        rate, rounds, learned = one_call(alpha, steps, lengths, costs, np.random.default_rng(coins),
+                                         policy=(choose, update, ps))
         ratios.append(rate / max(fixed))
         modes += rounds
     return ratios, modes
@@ -89,10 +98,12 @@ def simulate(means, batch, costs, *, calls, seed, min_new, max_new):
 def main(argv=None):
     ap = _cli.parser("policy_sim.py", __doc__)
     ap.add_argument("--real-model", required=True, help="a bench/real_model.py JSON with the config's T=0 row")
-    ap.add_argument("--config", default="eagle3-chain3", help="the row whose per-request accept lengths are drawn")
+    ap.add_argument("--modes", default=DEFAULT_MODES,
+                    help="comma list of CONFIG:D[:S], the modes besides plain (CONFIG's T=0 accept lengths, measured D "
+                         "drafts deep; the mode drafts S deep, default D)")
     ap.add_argument("--batches", default="1,8,32", help="comma list of batch sizes")
     ap.add_argument("--costs", default="1:1.224,1.469,1.556;8:1.005,1.45,1.75;32:1.091,1.888,2.128",
-                    help="per batch: ms per round of plain, chain (3,1,4), chain (7,1,8) ('B:p,c3,c7;...')")
+                    help="per batch: ms per round of plain, then of each mode ('B:p,m1,m2;...')")
     ap.add_argument("--calls", type=int, default=8, help="warm-started calls per seed")
     ap.add_argument("--seeds", type=int, default=3, help="seeds (requests, lengths and coins)")
     ap.add_argument("--min-new", type=int, default=32, help="shortest output")
@@ -102,32 +113,43 @@ def main(argv=None):
     os.environ.setdefault("JAX_PLATFORMS", "cpu")  # the policy's few scalar ops: no accelerator needed
     with open(args.real_model) as f:
         rows = json.load(f)["rows"]
-    src = [r for r in rows if r.get("config") == args.config and "accept_per_request" in r
-           and r.get("temperature", 0.0) == 0.0]
-    if not src:
-        raise SystemExit(f"--real-model: no T=0 row of {args.config!r} with accept_per_request")
-    means = np.asarray(src[0]["accept_per_request"], np.float64)
+    modes = [m.split(":") for m in args.modes.split(",") if m]
+    if not modes or any(len(m) not in (2, 3) or not all(x.isdigit() and int(x) >= 1 for x in m[1:]) for m in modes):
+        raise SystemExit(f"--modes: expected a comma list of CONFIG:D[:S] (D, S >= 1), got {args.modes!r}")
+    depths = [0] + [int(m[1]) for m in modes]
+    steps = [0] + [int(m[-1]) for m in modes]
+    per = []
+    for name, *_ in modes:
+        src = [r for r in rows if r.get("config") == name and "accept_per_request" in r
+               and r.get("temperature", 0.0) == 0.0]
+        if not src:
+            raise SystemExit(f"--real-model: no T=0 row of {name!r} with accept_per_request")
+        per.append(np.asarray(src[0]["accept_per_request"], np.float64))
+    if len({p.size for p in per}) != 1:
+        raise SystemExit(f"--real-model: the modes' rows hold different request counts {[p.size for p in per]}")
+    means = np.stack([np.ones_like(per[0])] + per)
     costs = {}
     for part in args.costs.split(";"):
         b, _, c = part.partition(":")
         costs[int(b)] = [float(x) for x in c.split(",")]
     out = []
     for b in (int(x) for x in args.batches.split(",") if x):
-        if b not in costs or len(costs[b]) != len(SPECS):
-            raise SystemExit(f"--costs: expected {len(SPECS)} costs for batch {b}, got {costs.get(b)}")
-        ratios, modes = [], np.zeros(len(SPECS), int)
+        if b not in costs or len(costs[b]) != len(steps):
+            raise SystemExit(f"--costs: expected {len(steps)} costs for batch {b}, got {costs.get(b)}")
+        ratios, rounds = [], np.zeros(len(steps), int)
         for s in range(args.seeds):
-            r, m = simulate(means, b, costs[b], calls=args.calls, seed=s, min_new=args.min_new, max_new=args.max_new)
+            r, m = simulate(means, depths, steps, b, costs[b], calls=args.calls, seed=s, min_new=args.min_new,
+                            max_new=args.max_new)
             ratios += r
-            modes += m
+            rounds += m
         row = dict(batch=b, costs_ms=costs[b], calls=len(ratios), mean_ratio=float(np.mean(ratios)),
-                   worst_ratio=float(np.min(ratios)), mode_rounds=modes.tolist())
+                   worst_ratio=float(np.min(ratios)), mode_rounds=rounds.tolist())
         print(f"batch {b:3d}: adaptive / best fixed mean {row['mean_ratio']:.3f}, worst call {row['worst_ratio']:.3f}; "
-              f"rounds plain / chain 3 / chain 7 {row['mode_rounds']}", flush=True)
+              f"rounds plain / {' / '.join(args.modes.split(','))} {row['mode_rounds']}", flush=True)
         out.append(row)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(dict(config=args.config, source=args.real_model, rows=out), f, indent=1)
+            json.dump(dict(modes=args.modes, source=args.real_model, rows=out), f, indent=1)
     return 0
 
 

@@ -36,3 +36,25 @@ def test_policy_sim_refuses_a_missing_row(tmp_path):
     src.write_text(json.dumps(dict(rows=[dict(config="eagle3-tree", temperature=0.0, accept_per_request=[2.0])])))
     with pytest.raises(SystemExit, match="eagle3-chain3"):
         load("policy_sim").main(["--real-model", str(src)])
+
+
+def test_policy_sim_modes_from_two_rows(tmp_path):
+    """Modes drawn from two configs' rows (the chain's and the tree's per-request means, request by request): where
+    the tree accepts far more at a small extra cost the policy spends its rounds on it, within 10% of the best fixed
+    mode; rows of different request counts and a malformed --modes are refused."""
+    rows = [dict(config="eagle3-chain3", temperature=0.0, accept_per_request=[1.6, 1.8, 1.7]),
+            dict(config="eagle3-tree", temperature=0.0, accept_per_request=[4.5, 4.8, 4.6])]
+    src = tmp_path / "real_model.json"
+    src.write_text(json.dumps(dict(rows=rows)))
+    out = tmp_path / "sim.json"
+    args = ["--real-model", str(src), "--modes", "eagle3-chain3:3,eagle3-tree:5", "--batches", "4", "--calls", "2",
+            "--seeds", "1", "--costs", "4:1.0,1.3,1.5"]
+    assert load("policy_sim").main(args + ["--json", str(out)]) == 0
+    (row,) = json.loads(out.read_text())["rows"]
+    assert 0.9 <= row["mean_ratio"] <= 1.0 + 1e-9 and int(np.argmax(row["mode_rounds"])) == 2, row
+    rows[1]["accept_per_request"] = [4.5, 4.8]
+    src.write_text(json.dumps(dict(rows=rows)))
+    with pytest.raises(SystemExit, match="different request counts"):
+        load("policy_sim").main(args)
+    with pytest.raises(SystemExit, match="--modes"):
+        load("policy_sim").main(["--real-model", str(src), "--modes", "eagle3-tree"])
