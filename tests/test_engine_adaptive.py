@@ -410,17 +410,37 @@ def test_policy_fresh_average_runs_until_probe_requests():
         assert int(ps.backoff[1]) == 2
 
 
-def test_calibration_refuses_rounds_it_cannot_time(adaptive, monkeypatch):
-    """A mode whose extra rounds time at or below the one-round call (a clock that cannot resolve them, or rounds
-    that did not run) is an error naming the mode, not a price of ~0 that the policy would always choose."""
+def test_calibration_prices_rounds_it_cannot_time_by_the_whole_call(adaptive, monkeypatch):
+    """Where a mode's extra rounds time at or below the one-round call (rounds cheaper than the clock's noise: every
+    call here takes one tick), every mode is priced at its longer call's time per round, not at ~0 (which the
+    policy would choose whatever the mode accepts); with a clock that resolves them, the calls' difference."""
     import jaxspec.engine.calibrate as cal
 
     ticks = iter(range(10**6))
     monkeypatch.setattr(cal.time, "perf_counter", lambda: float(next(ticks)))  # every call takes one tick
     costs = dict(adaptive.round_costs)
     try:
-        with pytest.raises(RuntimeError, match=r"calibrate: mode 0 \(plain\) timed 0.0 us for \d+ more rounds"):
-            adaptive.calibrate(2)
+        got = adaptive.calibrate(2, rounds=3)
+        np.testing.assert_allclose(got, [1 / 4] * 3)
+        clock = [0.0]
+
+        def tick():  # a call of n rounds takes 1 + n ticks (read before and after each call: + n on the second)
+            clock[0] += 0.5
+            return clock[0]
+
+        calls = []
+        run_decode = adaptive.run_decode
+
+        def spy(state, **kw):
+            calls.append(kw["max_rounds"])
+            clock[0] += kw["max_rounds"]
+            return run_decode(state, **kw)
+
+        monkeypatch.setattr(cal.time, "perf_counter", tick)
+        monkeypatch.setattr(adaptive, "run_decode", spy)
+        got = adaptive.calibrate(2, rounds=3)
+        np.testing.assert_allclose(got, [1.0] * 3)  # (4.5 - 1.5 ticks) / 3 extra rounds
+        assert set(calls) == {1, 4}
     finally:
         adaptive.round_costs.clear()
         adaptive.round_costs.update(costs)

@@ -41,7 +41,7 @@ def calibrate(engine, batch_size: int, *, context: int | None = None, rounds: in
         raise ValueError(f"context: expected None or an int >= 0, got {context!r}")
     ctx = min(room, engine.max_context // 2 if context is None else int(context))
     b = next_pow2(int(batch_size))
-    costs = np.zeros((m,), np.float32)
+    fastest = np.zeros((m, 2))  # per mode: the fastest 1-round and 1+rounds-round calls
     for mode in range(m):  # a fresh batch per mode (the previous one's pools are freed first)
         state = None
         state, prompts, lens = engine.prepare([np.zeros((1,), np.int32)] * batch_size, max_new)
@@ -61,13 +61,13 @@ def calibrate(engine, batch_size: int, *, context: int | None = None, rounds: in
                 elapsed[trips].append(time.perf_counter() - t0)
         # the fastest call of each length: a call's fixed cost varies (measured on the H200 with the loop in
         # one CUDA graph: single pairs gave plain decoding 0 s per round), and noise only adds time
-        spent = min(elapsed[1 + rounds]) - min(elapsed[1])
-        if not spent > 0:  # a price of ~0 would make the policy choose this mode whatever it accepts
-            raise RuntimeError(
-                f"calibrate: mode {mode} ({'plain' if mode == 0 else opts.specs[mode - 1]}) timed {spent * 1e6:.1f} us "
-                f"for {rounds} more rounds at batch {batch_size} (fastest of 3: {min(elapsed[1 + rounds]) * 1e3:.3f} "
-                f"ms against {min(elapsed[1]) * 1e3:.3f} ms): the rounds did not run or the clock cannot resolve "
-                f"them; pass a larger rounds= (and max_context to hold them)")
-        costs[mode] = spent / rounds
+        fastest[mode] = min(elapsed[1]), min(elapsed[1 + rounds])
+    spent = fastest[:, 1] - fastest[:, 0]
+    if np.all(spent > 0):
+        costs = (spent / rounds).astype(np.float32)
+    else:  # some mode's extra rounds cost less than the timing noise (a tiny model): every mode priced alike, at
+        # its longer call's time per round (the call's fixed cost included), never at ~0 (which the policy would
+        # choose whatever the mode accepts)
+        costs = (fastest[:, 1] / (1 + rounds)).astype(np.float32)
     engine.round_costs[b] = costs
     return costs

@@ -259,7 +259,9 @@ class Engine:
         (default: half of ``max_context``; the K/V there are zeros, which costs the same). Per mode: one untimed
         round (the first call of a bucket compiles the decode loop), then a 1-round and a ``1 + rounds``-round
         call of the loop, three times each, whose fastest calls' difference over ``rounds`` is the cost (the call's
-        fixed cost cancels). ``rounds`` default: the most, up to 4, whose calibration fits in ``max_context``.
+        fixed cost cancels). Where some mode's difference is not positive (rounds cheaper than the timing noise: a
+        tiny model), every mode is priced at its longer call's time per round instead (fixed cost included), never
+        at ~0. ``rounds`` default: the most, up to 4, whose calibration fits in ``max_context``.
         """
         return _calibrate.calibrate(self, batch_size, context=context, rounds=rounds)
 
