@@ -65,6 +65,18 @@ def test_refusals(model):
         distill_step(model, model, "mtp", steps=1, lr=1e-3, teacher_attention="flash")
 
 
+def test_xla_attention_in_bf16_under_strict_promotion():
+    """A bf16 model's XLA attention under this suite's strict dtype promotion (jax's implementation promotes the 16-bit
+    scores to float32 itself): the reference's logits within bf16 rounding (3% of their scale, as on the GPU)."""
+    cfg = DecoderConfig(vocab_size=256, hidden_size=128, intermediate_size=192, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=2, head_dim=32)
+    model = Decoder(cfg, rngs=nnx.Rngs(int(np.random.default_rng().integers(1 << 30))), param_dtype=jnp.bfloat16)
+    tokens = jnp.asarray(np.random.default_rng().integers(0, cfg.vocab_size, (2, 23)), jnp.int32)
+    ref = _logits(model, tokens, dense_metadata(2, 23)).astype(jnp.float32)
+    got = _logits(model, tokens, dense_metadata(2, 23, attention="xla")).astype(jnp.float32)
+    assert float(jnp.max(jnp.abs(got - ref))) <= 0.03 * float(jnp.max(jnp.abs(ref)))
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("implementation", ["xla", "cudnn"])
 def test_gpu_causal_attention_bf16(implementation):

@@ -296,7 +296,10 @@ def _dense_causal_attention(q, k, v, scale: float, implementation: str):
     if implementation == "cudnn" and (jax.default_backend() != "gpu" or q.dtype not in (jnp.bfloat16, jnp.float16)):
         raise ValueError(f"causal_attention: 'cudnn' needs a GPU and 16-bit weights, got backend "
                          f"{jax.default_backend()!r} and {q.dtype}")
-    with jax.default_matmul_precision("highest" if q.dtype == jnp.float32 else "default"):
+    # standard promotion: jax's XLA implementation promotes 16-bit scores to float32 itself, which strict promotion
+    # (a setting of the caller's) refuses
+    with jax.default_matmul_precision("highest" if q.dtype == jnp.float32 else "default"), \
+            jax.numpy_dtype_promotion("standard"):
         return jax.nn.dot_product_attention(q, k.astype(q.dtype), v.astype(q.dtype), scale=scale, is_causal=True,
                                             implementation=implementation)
 
