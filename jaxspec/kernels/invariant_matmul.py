@@ -12,9 +12,11 @@ Implementations (``implementation=``, resolved like every kernel of ``jaxspec.ke
   TILE_N`` outputs, and a fixed split of ``K``: splits of ``SPLIT_STEPS`` ``TILE_K`` steps, each summed from
   zero in one float32 accumulator, the split sums added in split order. ``M`` only sets the number of
   programs and which of two layouts runs the same arithmetic (``split_programs``): few output tiles (a
-  decode step's one-row products) give each split its own program and add the splits in a second kernel,
-  so the serial walk is ``SPLIT_STEPS`` steps instead of all of ``K``; many tiles walk the splits in one
-  program. Rows past ``M`` are masked (zeros), so a row's neighbours cannot reach it.
+  decode step's one-row products) give each split its own program, so the serial walk is ``SPLIT_STEPS``
+  steps instead of all of ``K``, and the split sums are added after the kernel, in split order (a left fold of
+  float32 adds, as jnp ops: in a jitted model they fuse into the op that reads the product, the residual add,
+  SwiGLU or RoPE, so this layout needs no merge kernel of its own); many tiles walk the splits in one program,
+  which adds them in the same order. RMSNorm's per-row scale is applied after the kernel in both layouts. Rows past ``M`` are masked (zeros), so a row's neighbours cannot reach it.
 * ``"reference"`` (``"auto"`` elsewhere): pure jnp, the rows padded to blocks of ``TILE_M`` and the blocks
   mapped one at a time (``lax.map``) through a ``[TILE_M, K] x [K, N]`` dot: every call runs the same
   fixed-shape dot, so on a given backend a row's result does not depend on ``M`` either. The two
@@ -134,32 +136,22 @@ def _tile(i, j, m, n):
     return rows, cols, rows < m, cols < n
 
 
-def _in_split_order(split, splits):
-    """``split(s) -> (acc, ss)`` of every split added in split order, from split 0's own values: the one fold both
-    layouts use, so their sums agree bit for bit."""
+def _whole_kernel(x_ref, w_ref, nw_ref, o_ref, ss_ref, *, m, k, n, transpose_w, norm_eps):
+    """One program per output tile: the K splits one after the other, each added to the total as it ends (the
+    left fold ``_fold`` makes of the few-tile layout's parts); the total to ``o [1, M, N]``, the rows' sum of
+    squares to ``ss [1, M]`` (from the first column tile)."""
+    j = pl.program_id(1)
+    rows, cols, row_ok, col_ok = _tile(pl.program_id(0), j, m, n)
+    split = functools.partial(_split_acc, x_ref, w_ref, nw_ref, rows=rows, cols=cols, row_ok=row_ok, col_ok=col_ok,
+                              k=k, transpose_w=transpose_w, norm_eps=norm_eps)
 
     def add(s, carry):
         acc, ss = split(s)
         return carry[0] + acc, carry[1] + ss
 
-    return jax.lax.fori_loop(1, splits, add, split(0))
-
-
-def _finish(total, ss, *, k, norm_eps):
-    """The split sums (already added in split order) to the output tile: RMSNorm's per-row scale applied."""
-    if norm_eps is None:
-        return total
-    return total * jax.lax.rsqrt(ss / jnp.float32(k) + jnp.float32(norm_eps))[:, None]
-
-
-def _whole_kernel(x_ref, w_ref, nw_ref, o_ref, *, m, k, n, transpose_w, norm_eps):
-    """One program per output tile: the K splits one after the other, each added to the total as it ends."""
-    rows, cols, row_ok, col_ok = _tile(pl.program_id(0), pl.program_id(1), m, n)
-    split = functools.partial(_split_acc, x_ref, w_ref, nw_ref, rows=rows, cols=cols, row_ok=row_ok, col_ok=col_ok,
-                              k=k, transpose_w=transpose_w, norm_eps=norm_eps)
-    total, ss = _in_split_order(split, _num_splits(k))
-    store(o_ref.at[rows[:, None], cols[None, :]], _finish(total, ss, k=k, norm_eps=norm_eps),
-          mask=row_ok[:, None] & col_ok[None, :])
+    total, ss = jax.lax.fori_loop(1, _num_splits(k), add, split(0))
+    store(o_ref.at[0, rows[:, None], cols[None, :]], total, mask=row_ok[:, None] & col_ok[None, :])
+    store(ss_ref.at[0, rows], ss, mask=row_ok & (j == 0))
 
 
 def _split_kernel(x_ref, w_ref, nw_ref, p_ref, ss_ref, *, m, k, n, transpose_w, norm_eps):
@@ -173,24 +165,23 @@ def _split_kernel(x_ref, w_ref, nw_ref, p_ref, ss_ref, *, m, k, n, transpose_w, 
     store(ss_ref.at[s, rows], ss, mask=row_ok & (j == 0))
 
 
-def _merge_kernel(p_ref, ss_ref, o_ref, *, m, k, n, splits, norm_eps):
-    """The splits of one output tile added in split order (as ``_whole_kernel`` adds them), then finished."""
-    rows, cols, row_ok, col_ok = _tile(pl.program_id(0), pl.program_id(1), m, n)
-    ok = row_ok[:, None] & col_ok[None, :]
-
-    def part(s):
-        return (load(p_ref.at[s, rows[:, None], cols[None, :]], mask=ok, other=0),
-                load(ss_ref.at[s, rows], mask=row_ok, other=0))
-
-    total, ss = _in_split_order(part, splits)
-    store(o_ref.at[rows[:, None], cols[None, :]], _finish(total, ss, k=k, norm_eps=norm_eps), mask=ok)
+def _fold(parts, ss, *, k, norm_eps):
+    """``parts f32[S, M, N]`` and ``ss f32[S, M]`` (S split sums, or one total) -> ``f32[M, N]``: the splits added in
+    split order, ``((p0 + p1) + p2) + ...`` (the kernel's own fold, op for op: separate float32 adds, which XLA
+    neither reorders nor contracts), then RMSNorm's per-row scale."""
+    total, sq = parts[0], ss[0]
+    for s in range(1, parts.shape[0]):
+        total, sq = total + parts[s], sq + ss[s]
+    if norm_eps is None:
+        return total
+    return total * jax.lax.rsqrt(sq / jnp.float32(k) + jnp.float32(norm_eps))[:, None]
 
 
 def split_programs(m: int, k: int, n: int) -> bool:
-    """Whether ``invariant_matmul`` gives each K split its own program (then merges the splits in a second
-    kernel) rather than walking the splits in one program per tile: when the output tiles alone would not fill
-    the GPU (``MIN_PROGRAMS``) and ``K`` has more than one split. Both add the same split sums in the same
-    order: the choice changes the speed, never a bit of the result."""
+    """Whether ``invariant_matmul`` gives each K split its own program (the split sums then added after the kernel)
+    rather than walking the splits in one program per tile: when the output tiles alone would not fill the GPU
+    (``MIN_PROGRAMS``) and ``K`` has more than one split. Both add the same split sums in the same order: the
+    choice changes the speed, never a bit of the result."""
     return _num_splits(k) > 1 and cdiv(m, TILE_M) * cdiv(n, TILE_N) < MIN_PROGRAMS
 
 
@@ -205,20 +196,14 @@ def _triton(x, w, norm_weight, *, transpose_w, norm_eps, split, interpret):
     tiles = (cdiv(m, TILE_M), cdiv(n, TILE_N))
     params = compiler_params(num_warps=NUM_WARPS, num_stages=NUM_STAGES)
     name = f"invariant_matmul_k{k}_n{n}{'_t' if transpose_w else ''}"
-    if not split:
-        return pl.pallas_call(
-            functools.partial(_whole_kernel, transpose_w=transpose_w, **static),
-            out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32), grid=tiles, interpret=interpret,
-            compiler_params=params, name=name)(x, w, norm_weight)
-    splits = _num_splits(k)
-    parts, ss = pl.pallas_call(
-        functools.partial(_split_kernel, transpose_w=transpose_w, **static),
-        out_shape=(jax.ShapeDtypeStruct((splits, m, n), jnp.float32), jax.ShapeDtypeStruct((splits, m), jnp.float32)),
-        grid=(*tiles, splits), interpret=interpret, compiler_params=params, name=f"{name}_splits")(x, w, norm_weight)
-    return pl.pallas_call(
-        functools.partial(_merge_kernel, splits=splits, **static),
-        out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32), grid=tiles, interpret=interpret,
-        compiler_params=compiler_params(num_warps=NUM_WARPS, num_stages=1), name=f"{name}_merge")(parts, ss)
+    parts = _num_splits(k) if split else 1
+    kernel, grid = (_split_kernel, (*tiles, parts)) if split else (_whole_kernel, tiles)
+    out, ss = pl.pallas_call(
+        functools.partial(kernel, transpose_w=transpose_w, **static),
+        out_shape=(jax.ShapeDtypeStruct((parts, m, n), jnp.float32), jax.ShapeDtypeStruct((parts, m), jnp.float32)),
+        grid=grid, interpret=interpret, compiler_params=params,
+        name=f"{name}_splits" if split else name)(x, w, norm_weight)
+    return _fold(out, ss, k=k, norm_eps=norm_eps)
 
 
 def _impl(x, w, norm_weight, *, transpose_w, norm_eps, split, implementation, interpret):
