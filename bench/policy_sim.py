@@ -16,7 +16,9 @@ output length per request uniform in ``[--min-new, --max-new]``. A round of each
 the modes in order; ``Engine.calibrate``'s figures, e.g. ``real_model.json``'s ``round_costs_ms``). The policy runs on the jitted
 ``choose_mode`` / ``update_policy`` of the library, warm-started from call to call as ``Engine.policy_memory``
 does; each fixed mode runs the same requests with the same coins. Output per batch: adaptive tokens per ms over
-the best fixed mode's, mean and worst call over ``--calls`` x ``--seeds``, and the rounds per mode. The model of
+the call's best fixed mode's, mean and worst call over ``--calls`` x ``--seeds`` (an oracle that knows each call's
+requests); the workload ratio: adaptive's tokens per ms over all calls together against the best single fixed mode's
+(the comparison a user makes, who picks one config for the workload); and the rounds per mode. The model of
 acceptance ignores what a real reply does (acceptance that drifts within a reply); it isolates the policy's
 choices from the GPU.
 """
@@ -65,34 +67,38 @@ def one_call(alpha, steps, lengths, costs, rng, mode=None, policy=None):
         if policy is not None:
             n = int(running.sum())
             ps = policy[1](ps, jnp.int32(m), jnp.float32(accept[running].mean()), jnp.int32(n))
-    return tokens / spent, rounds, ps
+    return tokens, spent, rounds, ps
 
 
-def simulate(means, depths, steps, batch, costs, *, calls, seed, min_new, max_new):
+def simulate(means, depths, steps, batch, costs, *, calls, seed, min_new, max_new, policy=None):
     """``calls`` warm-started calls at ``batch`` (``means [modes, P]``: each mode's per-request mean accept lengths
-    measured ``depths`` deep; row 0 plain's, unused): per call adaptive / best fixed, and the rounds per mode."""
+    measured ``depths`` deep; row 0 plain's, unused): per call adaptive / the call's best fixed mode, the rounds per
+    mode, and the tokens and milliseconds of all calls together (``[adaptive, mode 0, mode 1, ...]``)."""
     import jax
 
     from jaxspec.engine.policy import AdaptivePolicy, choose_mode, init_policy_state, update_policy
 
-    pol = AdaptivePolicy()
+    pol = AdaptivePolicy(**(policy or {}))
     choose = jax.jit(lambda ps: choose_mode(pol, ps))
     update = jax.jit(lambda ps, m, a, n: update_policy(pol, ps, m, a, n))
     rng = np.random.default_rng(seed)
     learned, ratios, modes = None, [], np.zeros(len(costs), int)
+    tokens, spent = np.zeros(len(costs) + 1), np.zeros(len(costs) + 1)
     for c in range(calls):
         req = rng.integers(0, means.shape[1], batch)
         alpha = np.array([[chain_alpha(means[m, r], d) if d else 0.0 for r in req] for m, d in enumerate(depths)])
         lengths = rng.integers(min_new, max_new + 1, batch)
         coins = seed * 1000 + c  # the same coins for every mode and the policy
-        fixed = [one_call(alpha, steps, lengths, costs, np.random.default_rng(coins), mode=m)[0]
+        fixed = [one_call(alpha, steps, lengths, costs, np.random.default_rng(coins), mode=m)[:2]
                  for m in range(len(costs))]
         ps = init_policy_state(costs, [1.0 + s for s in steps], learned)
-        rate, rounds, learned = one_call(alpha, steps, lengths, costs, np.random.default_rng(coins),
-                                         policy=(choose, update, ps))
-        ratios.append(rate / max(fixed))
+        tok, ms, rounds, learned = one_call(alpha, steps, lengths, costs, np.random.default_rng(coins),
+                                            policy=(choose, update, ps))
+        ratios.append((tok / ms) / max(t / s for t, s in fixed))
         modes += rounds
-    return ratios, modes
+        tokens += [tok] + [t for t, _ in fixed]
+        spent += [ms] + [s for _, s in fixed]
+    return ratios, modes, tokens, spent
 
 
 def main(argv=None):
@@ -108,8 +114,15 @@ def main(argv=None):
     ap.add_argument("--seeds", type=int, default=3, help="seeds (requests, lengths and coins)")
     ap.add_argument("--min-new", type=int, default=32, help="shortest output")
     ap.add_argument("--max-new", type=int, default=256, help="longest output")
+    ap.add_argument("--policy", default="", help="AdaptivePolicy settings, e.g. 'probe_interval=128,probe_requests=8'")
     ap.add_argument("--json", default=None, help="write the rows here")
     args = ap.parse_args(argv)
+    policy = {}
+    for kv in (x for x in args.policy.split(",") if x):
+        k, _, v = kv.partition("=")
+        if k not in ("ema_weight", "probe_interval", "probe_rounds", "probe_requests"):
+            raise SystemExit(f"--policy: expected ema_weight, probe_interval, probe_rounds or probe_requests, got {k!r}")
+        policy[k] = float(v) if k == "ema_weight" else int(v)
     os.environ.setdefault("JAX_PLATFORMS", "cpu")  # the policy's few scalar ops: no accelerator needed
     with open(args.real_model) as f:
         rows = json.load(f)["rows"]
@@ -137,19 +150,25 @@ def main(argv=None):
         if b not in costs or len(costs[b]) != len(steps):
             raise SystemExit(f"--costs: expected {len(steps)} costs for batch {b}, got {costs.get(b)}")
         ratios, rounds = [], np.zeros(len(steps), int)
+        tokens, spent = np.zeros(len(steps) + 1), np.zeros(len(steps) + 1)
         for s in range(args.seeds):
-            r, m = simulate(means, depths, steps, b, costs[b], calls=args.calls, seed=s, min_new=args.min_new,
-                            max_new=args.max_new)
+            r, m, t, ms = simulate(means, depths, steps, b, costs[b], calls=args.calls, seed=s, min_new=args.min_new,
+                                   max_new=args.max_new, policy=policy)
             ratios += r
             rounds += m
+            tokens += t
+            spent += ms
+        rates = tokens / spent
         row = dict(batch=b, costs_ms=costs[b], calls=len(ratios), mean_ratio=float(np.mean(ratios)),
-                   worst_ratio=float(np.min(ratios)), mode_rounds=rounds.tolist())
+                   worst_ratio=float(np.min(ratios)), workload_ratio=float(rates[0] / rates[1:].max()),
+                   best_fixed_mode=int(np.argmax(rates[1:])), mode_rounds=rounds.tolist())
         print(f"batch {b:3d}: adaptive / best fixed mean {row['mean_ratio']:.3f}, worst call {row['worst_ratio']:.3f}; "
+              f"workload {row['workload_ratio']:.3f} of mode {row['best_fixed_mode']}; "
               f"rounds plain / {' / '.join(args.modes.split(','))} {row['mode_rounds']}", flush=True)
         out.append(row)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(dict(modes=args.modes, source=args.real_model, rows=out), f, indent=1)
+            json.dump(dict(modes=args.modes, policy=policy, source=args.real_model, rows=out), f, indent=1)
     return 0
 
 
