@@ -17,7 +17,9 @@
 #             continues where a cut-short one stopped; on one H200 the whole recipe needs two calls; RECIPE=seeded:
 #             the seeded chat recipe, its evaluation check against $REAL_INPUTS/q/question.jsonl)
 #   real      bench/real_model.py (REAL_ARGS: its options; heads: $OUT/heads from drafters, else the shipped ones)
-#   serving   bench/serving.py (SERVING_ARGS: its options; the shipped EAGLE-3 head): $OUT/serving.json, .png
+#   serving   bench/serving.py (SERVING_ARGS: its options; the shipped EAGLE-3 head): $OUT/serving.json, .png;
+#             SERVING_CB_LOG=1: with XLA's command-buffer update log (TF_CPP_VMODULE=command_buffer_thunk=3), then the
+#             count and time of the re-recordings (a step whose buffers moved re-records its loop's graph on the host)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 SRC=$PWD
@@ -56,9 +58,17 @@ for p in "$@"; do case $p in
       --png "$OUT/real_model.png" ${REAL_ARGS:-} ;;
   serving) site  # one persistent compilation cache: the http mode's server reuses the in-process plain compiles
     export JAX_COMPILATION_CACHE_DIR=/tmp/jax_cache JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0.2
+    [ -n "${SERVING_CB_LOG:-}" ] && export TF_CPP_MIN_LOG_LEVEL=0 TF_CPP_VMODULE=command_buffer_thunk=3
     XLA_FLAGS="${XLA_FLAGS-$GPU_XLA_FLAGS}" run serving ${SERVING_TIMEOUT:-540} python3 bench/serving.py \
       --model $GGUF --questions "$IN/q/question.jsonl" --eagle3 "$SRC/jaxspec/assets/heads/smollm2-135m-instruct-eagle3" \
-      --budget-s ${SERVING_BUDGET:-480} --json "$OUT/serving.json" --png "$OUT/serving.png" ${SERVING_ARGS:-} ;;
+      --budget-s ${SERVING_BUDGET:-480} --json "$OUT/serving.json" --png "$OUT/serving.png" ${SERVING_ARGS:-}
+    if [ -n "${SERVING_CB_LOG:-}" ]; then  # the log itself is too big to bring back: its summary
+      grep -ao "Updated command buffer in [0-9]* .s; num_commands=[0-9]*" "$OUT/serving.log" > /tmp/cb_updates.txt
+      echo "command-buffer updates: $(wc -l < /tmp/cb_updates.txt), us in all: $(awk '{s += $5} END {print s + 0}' /tmp/cb_updates.txt)"
+      sort /tmp/cb_updates.txt | uniq -c | sort -rn | head -12
+      grep -av "command_buffer_thunk" "$OUT/serving.log" > /tmp/serving_rows.log && mv /tmp/serving_rows.log "$OUT/serving.log"
+      unset TF_CPP_VMODULE
+    fi ;;
   *) echo "unknown part $p"; fail=1 ;;
 esac; done
 exit $fail
