@@ -70,10 +70,11 @@ def one_call(alpha, steps, lengths, costs, rng, mode=None, policy=None):
     return tokens, spent, rounds, ps
 
 
-def simulate(means, depths, steps, batch, costs, *, calls, seed, min_new, max_new, policy=None):
+def simulate(means, depths, steps, batch, costs, *, calls, seed, min_new, max_new, policy=None, same=False):
     """``calls`` warm-started calls at ``batch`` (``means [modes, P]``: each mode's per-request mean accept lengths
     measured ``depths`` deep; row 0 plain's, unused): per call adaptive / the call's best fixed mode, the rounds per
-    mode, and the tokens and milliseconds of all calls together (``[adaptive, mode 0, mode 1, ...]``)."""
+    mode, and the tokens and milliseconds of all calls together (``[adaptive, mode 0, mode 1, ...]``). ``same``:
+    every call decodes the first ``batch`` prompts with the same lengths (as ``real_model.py``'s timed calls do)."""
     import jax
 
     from jaxspec.engine.policy import AdaptivePolicy, choose_mode, init_policy_state, update_policy
@@ -85,9 +86,10 @@ def simulate(means, depths, steps, batch, costs, *, calls, seed, min_new, max_ne
     learned, ratios, modes = None, [], np.zeros(len(costs), int)
     tokens, spent = np.zeros(len(costs) + 1), np.zeros(len(costs) + 1)
     for c in range(calls):
-        req = rng.integers(0, means.shape[1], batch)
+        req = np.arange(batch) % means.shape[1] if same else rng.integers(0, means.shape[1], batch)
         alpha = np.array([[chain_alpha(means[m, r], d) if d else 0.0 for r in req] for m, d in enumerate(depths)])
-        lengths = rng.integers(min_new, max_new + 1, batch)
+        if not same or c == 0:
+            lengths = rng.integers(min_new, max_new + 1, batch)
         coins = seed * 1000 + c  # the same coins for every mode and the policy
         fixed = [one_call(alpha, steps, lengths, costs, np.random.default_rng(coins), mode=m)[:2]
                  for m in range(len(costs))]
@@ -114,6 +116,8 @@ def main(argv=None):
     ap.add_argument("--seeds", type=int, default=3, help="seeds (requests, lengths and coins)")
     ap.add_argument("--min-new", type=int, default=32, help="shortest output")
     ap.add_argument("--max-new", type=int, default=256, help="longest output")
+    ap.add_argument("--same-requests", action="store_true",
+                    help="every call decodes the first B prompts with the same lengths (real_model.py's timed calls)")
     ap.add_argument("--policy", default="", help="AdaptivePolicy settings, e.g. 'probe_interval=128,probe_requests=8'")
     ap.add_argument("--json", default=None, help="write the rows here")
     args = ap.parse_args(argv)
@@ -153,7 +157,7 @@ def main(argv=None):
         tokens, spent = np.zeros(len(steps) + 1), np.zeros(len(steps) + 1)
         for s in range(args.seeds):
             r, m, t, ms = simulate(means, depths, steps, b, costs[b], calls=args.calls, seed=s, min_new=args.min_new,
-                                   max_new=args.max_new, policy=policy)
+                                   max_new=args.max_new, policy=policy, same=args.same_requests)
             ratios += r
             rounds += m
             tokens += t
