@@ -444,3 +444,25 @@ def test_calibration_prices_rounds_it_cannot_time_by_the_whole_call(adaptive, mo
     finally:
         adaptive.round_costs.clear()
         adaptive.round_costs.update(costs)
+
+
+def test_policy_probe_wait_grows_with_the_probe_length():
+    """A probe that must run ``ceil(probe_requests / rows)`` rounds (more than ``probe_rounds``: a small batch) waits
+    that much longer, so probing a losing shape costs the same share of the time at batch 1 as at batch 8; the
+    warm start keeps the batch size it planned for."""
+    pol = AdaptivePolicy(probe_interval=2, probe_rounds=2, probe_requests=8)
+    for rows, probe, wait in ((8, 2, 5), (4, 2, 5), (2, 4, 10), (1, 8, 20)):
+        n = jnp.int32(rows)
+        ps = init_policy_state([1.0, 1.25], [1.0, 4.0])
+        ran = 0
+        while int(choose_mode(pol, ps)) == 1:  # accepting 1 a round: 1 / 1.25 loses to plain once judged
+            ps = update_policy(pol, ps, jnp.int32(1), jnp.float32(1.0), n)
+            ran += 1
+        assert ran == probe and int(ps.backoff[1]) == 2 and int(ps.rows) == rows, (rows, ran)
+        idle = 0  # due after probe_interval * backoff * cost * (probe / probe_rounds) = 2 * 2 * 1.25 * stretch
+        while int(choose_mode(pol, ps)) == 0:
+            ps = update_policy(pol, ps, jnp.int32(0), jnp.float32(1.0), n)
+            idle += 1
+        assert idle == wait, (rows, idle)
+        assert int(init_policy_state([1.0, 1.25], [1.0, 4.0], learned=ps).rows) == rows
+    assert int(init_policy_state([1.0, 1.25], [1.0, 4.0]).rows) == 1  # before any round: planned for one

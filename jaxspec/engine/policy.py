@@ -18,12 +18,14 @@ single draws, too few to switch a shape off on.
 
 Probes: a speculative mode that is not the best runs again (``probe_rounds`` rounds) when its optimistic rate
 could beat the best and it has waited ``probe_interval * backoff[m]`` rounds of its own cost (``idle[m] *
-round_cost[best] >= probe_interval * backoff[m] * round_cost[m]``), so a shape switched off by low acceptance is
-tried again when the text gets easier. A probe measures afresh: a mode that starts a run after ``probe_interval``
+round_cost[best] >= probe_interval * backoff[m] * round_cost[m] * stretch``), so a shape switched off by low
+acceptance is tried again when the text gets easier. ``stretch`` is how much longer than ``probe_rounds`` a probe
+runs at the batch's current size (``ceil(probe_requests / rows) / probe_rounds``, at least 1; ``rows`` the active
+requests of the last round): at batch 1 a probe runs 16 rounds to hold 16 request-rounds, and waits 4x longer. A probe measures afresh: a mode that starts a run after ``probe_interval``
 idle rounds or more forgets its old average (its first round replaces it, as the first round replaces the
 optimistic start), so an average learned on other text (or in an earlier call) never keeps a good shape off.
-Probing a losing shape costs at most ``probe_rounds / probe_interval`` of the time, halving after each probe it
-loses (``backoff`` doubles, up to ``MAX_BACKOFF``, so a shape is probed at least every ``probe_interval *
+Probing a losing shape costs at most ``probe_rounds / probe_interval`` of the time, whatever the batch, halving
+after each probe it loses (``backoff`` doubles, up to ``MAX_BACKOFF``, so a shape is probed at least every ``probe_interval *
 MAX_BACKOFF`` rounds of its cost; a round in which the mode is the best resets it to 1).
 
 Warm start (``AdaptivePolicy.warm_start``, on by default): the engine keeps each batch bucket's running
@@ -101,6 +103,8 @@ class PolicyState:
     idle: ``i32[M]`` rounds since each mode last ran.
     backoff: ``i32[M]`` probe wait multiplier per mode (1 .. ``MAX_BACKOFF``).
     mode_rounds: ``i32[M]`` rounds each mode ran in this decode call (statistics).
+    rows: ``i32[]`` active requests of the last round (at least 1; 1 before the first): the size a probe's length
+      is planned for.
     """
 
     round_cost: jax.Array
@@ -111,6 +115,7 @@ class PolicyState:
     idle: jax.Array
     backoff: jax.Array
     mode_rounds: jax.Array
+    rows: jax.Array
 
 
 def init_policy_state(round_cost, max_accept, learned: PolicyState | None = None) -> PolicyState:
@@ -128,13 +133,13 @@ def init_policy_state(round_cost, max_accept, learned: PolicyState | None = None
         return PolicyState(
             round_cost=jnp.asarray(cost), max_accept=jnp.asarray(top), accept=jnp.array(learned.accept),
             seen=jnp.array(learned.seen), streak=jnp.zeros((m,), jnp.int32), idle=jnp.array(learned.idle),
-            backoff=jnp.array(learned.backoff), mode_rounds=jnp.zeros((m,), jnp.int32),
+            backoff=jnp.array(learned.backoff), mode_rounds=jnp.zeros((m,), jnp.int32), rows=jnp.array(learned.rows),
         )
     return PolicyState(
         round_cost=jnp.asarray(cost), max_accept=jnp.asarray(top), accept=jnp.asarray(top.copy()),
         seen=jnp.asarray((np.arange(m) == 0).astype(np.int32)), streak=jnp.zeros((m,), jnp.int32),
         idle=jnp.zeros((m,), jnp.int32),
-        backoff=jnp.ones((m,), jnp.int32), mode_rounds=jnp.zeros((m,), jnp.int32),
+        backoff=jnp.ones((m,), jnp.int32), mode_rounds=jnp.zeros((m,), jnp.int32), rows=jnp.ones((), jnp.int32),
     )
 
 
@@ -155,7 +160,9 @@ def choose_mode(policy: AdaptivePolicy, ps: PolicyState) -> jax.Array:
     going = (ps.streak > 0) & (jnp.arange(m) > 0) & (_short_of_evidence(policy, ps.streak, ps.seen))
     could_win = ps.max_accept / ps.round_cost > rate[best]
     waited = ps.idle.astype(jnp.float32) * ps.round_cost[best]
-    wait = jnp.float32(policy.probe_interval) * ps.backoff.astype(jnp.float32) * ps.round_cost
+    probe_len = jnp.maximum(policy.probe_rounds, (policy.probe_requests + ps.rows - 1) // ps.rows)  # rounds
+    stretch = probe_len.astype(jnp.float32) / jnp.float32(policy.probe_rounds)
+    wait = jnp.float32(policy.probe_interval) * ps.backoff.astype(jnp.float32) * ps.round_cost * stretch
     due = (waited >= wait) & could_win & (jnp.arange(m) > 0)
     pick = jnp.where(jnp.any(due), jnp.argmax(due).astype(jnp.int32), best)
     return jnp.where(jnp.any(going), jnp.argmax(going).astype(jnp.int32), pick)
@@ -188,7 +195,7 @@ def update_policy(policy: AdaptivePolicy, ps: PolicyState, mode: jax.Array, acce
     backoff = jnp.where(hit & (mode > 0), jnp.where(wins, 1, lost), ps.backoff)
     return dataclasses.replace(
         ps, accept=new, seen=seen, streak=streak, idle=jnp.where(hit, 0, ps.idle + 1), backoff=backoff,
-        mode_rounds=ps.mode_rounds + hit.astype(jnp.int32),
+        mode_rounds=ps.mode_rounds + hit.astype(jnp.int32), rows=jnp.where(n > 0, n, ps.rows),
     )
 
 
