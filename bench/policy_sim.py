@@ -124,10 +124,20 @@ def main(argv=None):
     policy = {}
     for kv in (x for x in args.policy.split(",") if x):
         k, _, v = kv.partition("=")
-        if k not in ("ema_weight", "probe_interval", "probe_rounds", "probe_requests"):
-            raise SystemExit(f"--policy: expected ema_weight, probe_interval, probe_rounds or probe_requests, got {k!r}")
-        policy[k] = float(v) if k == "ema_weight" else int(v)
+        fields = ("ema_weight", "probe_interval", "probe_rounds", "probe_requests")
+        try:
+            policy[k] = {"ema_weight": float}.get(k, int)(v)
+        except ValueError:
+            raise SystemExit(f"--policy: expected {k}=a number, got {kv!r}") from None
+        if k not in fields:
+            raise SystemExit(f"--policy: expected KEY=VALUE with KEY one of {fields}, got {kv!r}")
     os.environ.setdefault("JAX_PLATFORMS", "cpu")  # the policy's few scalar ops: no accelerator needed
+    from jaxspec.engine.policy import AdaptivePolicy
+
+    try:
+        AdaptivePolicy(**policy)
+    except ValueError as e:
+        raise SystemExit(f"--policy: {e}") from None
     with open(args.real_model) as f:
         rows = json.load(f)["rows"]
     modes = [m.split(":") for m in args.modes.split(",") if m]

@@ -29,6 +29,24 @@ def test_policy_sim_rows(tmp_path, means, best_mode):
     for r in rows:
         assert 0.9 <= r["mean_ratio"] <= 1.0 + 1e-9 and r["worst_ratio"] <= r["mean_ratio"]
         assert int(np.argmax(r["mode_rounds"])) == best_mode, r
+        assert r["best_fixed_mode"] == best_mode and 0.9 <= r["workload_ratio"] <= 1.1, r
+
+
+def test_policy_sim_same_requests_and_policy(tmp_path):
+    """``--same-requests``: every call decodes the same prompts (prompt 0 at batch 1: a chain that pays there is the
+    best fixed mode although the other prompt's would not be); ``--policy`` reaches the policy, bad settings refused."""
+    src = tmp_path / "real_model.json"
+    src.write_text(json.dumps(dict(rows=[dict(config="eagle3-chain3", temperature=0.0, accept_per_request=[3.7, 1.0])])))
+    out = tmp_path / "sim.json"
+    args = ["--real-model", str(src), "--batches", "1", "--calls", "3", "--seeds", "2", "--costs", "1:1.0,1.2,1.3"]
+    assert load("policy_sim").main(args + ["--same-requests", "--policy", "probe_interval=8", "--json", str(out)]) == 0
+    got = json.loads(out.read_text())
+    assert got["policy"] == {"probe_interval": 8}
+    (row,) = got["rows"]
+    assert row["best_fixed_mode"] == 2 and int(np.argmax(row["mode_rounds"])) == 2, row
+    for bad, match in (("probe_interval=x", "a number"), ("foo=1", "KEY one of"), ("probe_rounds=0", "probe_rounds")):
+        with pytest.raises(SystemExit, match=match):
+            load("policy_sim").main(args + ["--policy", bad])
 
 
 def test_policy_sim_refuses_a_missing_row(tmp_path):

@@ -21,12 +21,13 @@ could beat the best and it has waited ``probe_interval * backoff[m]`` rounds of 
 round_cost[best] >= probe_interval * backoff[m] * round_cost[m] * stretch``), so a shape switched off by low
 acceptance is tried again when the text gets easier. ``stretch`` is how much longer than ``probe_rounds`` a probe
 runs at the batch's current size (``ceil(probe_requests / rows) / probe_rounds``, at least 1; ``rows`` the active
-requests of the last round): at batch 1 a probe runs 16 rounds to hold 16 request-rounds, and waits 4x longer. A probe measures afresh: a mode that starts a run after ``probe_interval``
-idle rounds or more forgets its old average (its first round replaces it, as the first round replaces the
-optimistic start), so an average learned on other text (or in an earlier call) never keeps a good shape off.
-Probing a losing shape costs at most ``probe_rounds / probe_interval`` of the time, whatever the batch, halving
-after each probe it loses (``backoff`` doubles, up to ``MAX_BACKOFF``, so a shape is probed at least every ``probe_interval *
-MAX_BACKOFF`` rounds of its cost; a round in which the mode is the best resets it to 1).
+requests of the last round): at batch 1 a probe runs 16 rounds to hold 16 request-rounds, and waits 4x longer.
+A probe measures afresh: a mode that starts a run after ``probe_interval`` idle rounds or more forgets its old
+average (its first round replaces it, as the first round replaces the optimistic start), so an average learned on
+other text (or in an earlier call) never keeps a good shape off. Probing a losing shape costs at most
+``probe_rounds / probe_interval`` of the time, whatever the batch, halving after each probe it loses
+(``backoff`` doubles, up to ``MAX_BACKOFF``, so a shape is probed at least every ``probe_interval * MAX_BACKOFF``
+rounds of its cost, times ``stretch``; a round in which the mode is the best resets it to 1).
 
 Warm start (``AdaptivePolicy.warm_start``, on by default): the engine keeps each batch bucket's running
 accept lengths, probe waits and back-offs from one decode call to the next (``Engine.policy_memory``): how

@@ -16,7 +16,8 @@ Implementations (``implementation=``, resolved like every kernel of ``jaxspec.ke
   steps instead of all of ``K``, and the split sums are added after the kernel, in split order (a left fold of
   float32 adds, as jnp ops: in a jitted model they fuse into the op that reads the product, the residual add,
   SwiGLU or RoPE, so this layout needs no merge kernel of its own); many tiles walk the splits in one program,
-  which adds them in the same order. RMSNorm's per-row scale is applied after the kernel in both layouts. Rows past ``M`` are masked (zeros), so a row's neighbours cannot reach it.
+  which adds them in the same order. RMSNorm's per-row scale is applied after the kernel in both layouts. Rows
+  past ``M`` are masked (zeros), so a row's neighbours cannot reach it.
 * ``"reference"`` (``"auto"`` elsewhere): pure jnp, the rows padded to blocks of ``TILE_M`` and the blocks
   mapped one at a time (``lax.map``) through a ``[TILE_M, K] x [K, N]`` dot: every call runs the same
   fixed-shape dot, so on a given backend a row's result does not depend on ``M`` either. The two
