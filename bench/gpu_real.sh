@@ -8,7 +8,11 @@
 #                                       with the shipped heads, 13.5 MB without: the ggufN calls do not read
 #                                       jaxspec/assets/heads, so move it out of the tree for them and back after;
 #                                       `gguf` joins whatever parts came, in name order)
-#   $REAL_INPUTS/w/gguf-*.whl           the gguf package (pure Python; not in the GPU image)
+#   $REAL_INPUTS/w/gguf-*.whl           the gguf package (pure Python; not in the GPU image), and any other wheel the
+#                                       run needs that the image lacks (e.g. the http mode's aiohttp and its
+#                                       dependencies, prometheus-client: `pip download --only-binary=:all:
+#                                       --python-version 3.12 --platform manylinux2014_x86_64 -d w aiohttp
+#                                       prometheus-client`): every wheel there is installed, none from the network
 #   $REAL_INPUTS/q/question.jsonl       MT-Bench questions (python -m jaxspec.data.mtbench)
 # State that later calls of the same warm machine reuse lives under /tmp (the model, the site, the runs).
 # Parts:
@@ -32,7 +36,7 @@ GGUF_SHA=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53  # jax
 RUNS=/tmp/runs
 fail=0
 site() {  # gguf and jaxspec importable (no install needs the network)
-  if [ ! -d /tmp/site/gguf ]; then python3 -m pip install -q --no-index --no-deps --target /tmp/site "$IN"/w/gguf-*.whl; fi
+  if [ ! -d /tmp/site/gguf ]; then python3 -m pip install -q --no-index --no-deps --target /tmp/site "$IN"/w/*.whl; fi
   jaxspec_site /tmp/jsite "$SRC"
   export PYTHONPATH=/tmp/jsite:/tmp/site
 }
