@@ -15,7 +15,7 @@ default mode and in the batch-invariant one, and what the mode costs.
 * ``--timing``: SmolLM2-135M's shape (30 layers, random bf16 weights, one MTP layer drafting), context
   ``--context``: decode tok/s of plain, chain (3,1,4) and tree (5,4,16) (speculative rows with SIMULATED
   acceptance, mean 3.0, so the round's work is fixed) at ``--batches``, default mode vs batch-invariant, the
-  ratio of the two in one run.
+  ratio of the two in one run; a row is the median of ``--repeats`` loops after the compiling one.
 * ``--prefill``: prompts of ``--prompt / 8`` to ``--prompt`` tokens (random lengths, as MT-Bench's) at
   ``--batches``, an engine of ``--layers`` layers (SmolLM2's widths, random bf16 weights), default mode vs
   batch-invariant: prefill time (prompt tokens/s), then ``--max-new`` decode steps from there (ms per step);
@@ -56,11 +56,16 @@ def _parse(argv):
     ap.add_argument("--configs", default="plain,chain,tree16", help="comma list of plain, chain, tree16 (timing)")
     ap.add_argument("--context", type=int, default=512, help="tokens in the KV at the start of the timed loop")
     ap.add_argument("--max-new", type=int, default=64, help="tokens generated per request in a timed loop")
+    ap.add_argument("--repeats", type=int, default=3,
+                    help="timing: timed loops per row after the compiling one (their median)")
     ap.add_argument("--tiny", action="store_true", help="CPU-sized shapes (the test path)")
     ap.add_argument("--attention-tiles", default=None, help="KEY_SPLIT/TILE_ROWS of invariant_attention (a probe)")
     ap.add_argument("--modes", default="default,invariant", help="comma list of default, invariant (checks, timing)")
     ap.add_argument("--json", default=None, help="write the results here")
-    return ap.parse_args(argv)
+    args = ap.parse_args(argv)
+    if args.repeats < 1:
+        ap.error(f"--repeats: expected an int >= 1, got {args.repeats}")
+    return args
 
 
 def _config(layers: int, tiny: bool):
@@ -285,7 +290,7 @@ def timing(args, save) -> list:
                     eng = Engine(model, MTPDrafter(model), spec=SpecConfig(*SPECS[name]),
                                  simulate_accept=SimulatedAccept(mean=3.0), **kw)
                 times, t_first = [], None
-                for rep in range(3):
+                for rep in range(1 + args.repeats):
                     state = prefilled(eng, batch, args.context, args.max_new)
                     t0 = time.perf_counter()
                     state = jax.block_until_ready(eng.run_decode(state))

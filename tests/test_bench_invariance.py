@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 from bench_scripts import load
 
 from jaxspec.kernels import CPU_INVARIANT_FLAG
@@ -26,7 +27,8 @@ def test_checks_and_timing_in_the_invariant_mode(tmp_path):
     path = tmp_path / "inv.json"
     env = dict(os.environ, XLA_FLAGS=CPU_INVARIANT_FLAG, JAX_PLATFORMS="cpu")
     args = ["--device", "cpu", "--tiny", "--checks", "--layers", "1", "--timing", "--prefill", "--batches", "2",
-            "--configs", "plain,chain", "--context", "24", "--prompt", "20", "--max-new", "4", "--json", str(path)]
+            "--configs", "plain,chain", "--context", "24", "--prompt", "20", "--max-new", "4", "--repeats", "1",
+            "--json", str(path)]
     done = subprocess.run([sys.executable, "invariance.py", *args], cwd=BENCH, env=env, capture_output=True,
                           text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -41,3 +43,9 @@ def test_checks_and_timing_in_the_invariant_mode(tmp_path):
     assert engine["batch"] == 2 and engine["prompt_tokens"] >= 20
     assert all(engine[f"{m}_prefill_ms"] > 0 and engine[f"{m}_decode_ms_per_step"] > 0
                for m in ("default", "invariant"))
+
+
+def test_repeats_must_be_positive(capsys):
+    with pytest.raises(SystemExit):
+        load("invariance")._parse(["--timing", "--repeats", "0"])
+    assert "--repeats: expected an int >= 1, got 0" in capsys.readouterr().err
