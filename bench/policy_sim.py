@@ -74,12 +74,13 @@ def simulate(means, depths, steps, batch, costs, *, calls, seed, min_new, max_ne
     """``calls`` warm-started calls at ``batch`` (``means [modes, P]``: each mode's per-request mean accept lengths
     measured ``depths`` deep; row 0 plain's, unused): per call adaptive / the call's best fixed mode, the rounds per
     mode, and the tokens and milliseconds of all calls together (``[adaptive, mode 0, mode 1, ...]``). ``same``:
-    every call decodes the first ``batch`` prompts with the same lengths (as ``real_model.py``'s timed calls do)."""
+    every call decodes the first ``batch`` prompts with the same lengths (as ``real_model.py``'s timed calls do).
+    ``policy``: the ``AdaptivePolicy`` replayed (default settings when None)."""
     import jax
 
     from jaxspec.engine.policy import AdaptivePolicy, choose_mode, init_policy_state, update_policy
 
-    pol = AdaptivePolicy(**(policy or {}))
+    pol = AdaptivePolicy() if policy is None else policy
     choose = jax.jit(lambda ps: choose_mode(pol, ps))
     update = jax.jit(lambda ps, m, a, n: update_policy(pol, ps, m, a, n))
     rng = np.random.default_rng(seed)
@@ -121,21 +122,20 @@ def main(argv=None):
     ap.add_argument("--policy", default="", help="AdaptivePolicy settings, e.g. 'probe_interval=128,probe_requests=8'")
     ap.add_argument("--json", default=None, help="write the rows here")
     args = ap.parse_args(argv)
-    policy = {}
+    policy, fields = {}, ("ema_weight", "probe_interval", "probe_rounds", "probe_requests")
     for kv in (x for x in args.policy.split(",") if x):
         k, _, v = kv.partition("=")
-        fields = ("ema_weight", "probe_interval", "probe_rounds", "probe_requests")
-        try:
-            policy[k] = {"ema_weight": float}.get(k, int)(v)
-        except ValueError:
-            raise SystemExit(f"--policy: expected {k}=a number, got {kv!r}") from None
         if k not in fields:
             raise SystemExit(f"--policy: expected KEY=VALUE with KEY one of {fields}, got {kv!r}")
+        try:
+            policy[k] = float(v) if k == "ema_weight" else int(v)
+        except ValueError:
+            raise SystemExit(f"--policy: expected {k}=a number, got {kv!r}") from None
     os.environ.setdefault("JAX_PLATFORMS", "cpu")  # the policy's few scalar ops: no accelerator needed
     from jaxspec.engine.policy import AdaptivePolicy
 
     try:
-        AdaptivePolicy(**policy)
+        pol = AdaptivePolicy(**policy)
     except ValueError as e:
         raise SystemExit(f"--policy: {e}") from None
     with open(args.real_model) as f:
@@ -167,7 +167,7 @@ def main(argv=None):
         tokens, spent = np.zeros(len(steps) + 1), np.zeros(len(steps) + 1)
         for s in range(args.seeds):
             r, m, t, ms = simulate(means, depths, steps, b, costs[b], calls=args.calls, seed=s, min_new=args.min_new,
-                                   max_new=args.max_new, policy=policy, same=args.same_requests)
+                                   max_new=args.max_new, policy=pol, same=args.same_requests)
             ratios += r
             rounds += m
             tokens += t
