@@ -19,8 +19,8 @@ Modes (``--modes``):
 * ``plain``: plain decoding; ``plain-sync``: the same engine through ``ServingEngine(overlap=False)`` (each step
   reads its own tokens: what the host's work between steps costs); ``spec``: the EAGLE-3 head with ``--spec``
   (chain ``3,1,4``: ``S,K,N``);
-  ``adaptive``: EAGLE-3 with ``(3,1,4)`` and ``(7,1,8)`` and ``AdaptivePolicy`` (round costs calibrated at the
-  slot count when the core is built). Each through a ``ServingEngine(engine, rounds_per_step=--rounds)``.
+  ``adaptive``: EAGLE-3 with ``(3,1,4)`` and ``(7,1,8)`` and ``AdaptivePolicy`` (round costs calibrated at every
+  slot bucket: the slot count's when the core is built, the others by its ``warmup``). Each through a ``ServingEngine(engine, rounds_per_step=--rounds)``.
 * ``static``: the static-batching baseline at equal concurrency, at saturation only: ``Engine.generate`` (plain)
   on batches of ``max_batch`` requests in arrival order, each batch waiting for its longest request. Its tokens
   arrive with the batch's end (no streaming): TTFT = latency = the batch's end; ITL / TPOT are not reported.
@@ -48,7 +48,8 @@ over it, ``ttft_mean_s / ttft_p50_s / ttft_p99_s``, ``itl_p50_s / itl_p99_s``, `
 and per request ``n``, ``ttft_s``, ``latency_s``, ``finish_reason``; in-process serving modes also ``steps``,
 ``host_ms_per_step`` (split into ``plan_ms_per_step``, ``dispatch_ms_per_step``, ``update_ms_per_step``) and
 ``device_ms_per_step`` (``ServingEngine.times``: the host's planning, packing and dispatching, its output handling,
-and its wait for the step's one read). A failing configuration gives a row with
+and its wait for the step's one read); adaptive rows ``mode_rounds`` (the batch's rounds per mode over the rate:
+plain, then each draft shape) and ``round_costs_ms`` (the prices per slot bucket the policy compared). A failing configuration gives a row with
 ``error``. Warm-up: before a mode's first timed rate, ``--warmup`` requests at saturation (one prompt of every
 prompt-length bucket the workload uses, so every prefill executable is compiled), not counted.
 ``--budget-s``: no new (mode, rate) row starts after this many seconds.
@@ -216,6 +217,20 @@ def drive(se, work, stop_ids=(), clock=time.perf_counter) -> tuple[list[Trace], 
     s1 = se.stats()
     rounds = s1.rounds - s0.rounds
     return traces, t0, (s1.accepted_tokens - s0.accepted_tokens) / rounds if rounds > 0 else None
+
+
+def policy_row(se, before, after) -> dict:
+    """An adaptive core's choices over a run, from two ``stats()`` snapshots: ``mode_rounds`` (the batch's rounds
+    of each mode: plain, then each draft shape) and ``round_costs_ms`` (per slot bucket, the prices its policy
+    compared at the end: the bucket's calibrated in-loop costs plus the step overhead); nothing for other cores."""
+    import numpy as np
+
+    if after.mode_rounds is None:
+        return {}
+    over = se.step_costs.overhead
+    costs = {b: ((np.asarray(se.engine.round_costs[b]) + over) * 1e3).tolist()
+             for b in se.slot_buckets if b in se.engine.round_costs}
+    return dict(mode_rounds=[b - a for a, b in zip(before.mode_rounds, after.mode_rounds)], round_costs_ms=costs)
 
 
 def step_breakdown(before, after) -> dict:
@@ -476,7 +491,8 @@ def _report(row):
           f"host/device {_fmt(row.get('host_ms_per_step'), 1)}/{_fmt(row.get('device_ms_per_step'), 1)} ms/step "
           f"(plan/dispatch/update {_fmt(row.get('plan_ms_per_step'), 1)}/{_fmt(row.get('dispatch_ms_per_step'), 1)}/"
           f"{_fmt(row.get('update_ms_per_step'), 1)})  "
-          f"({row['duration_s']:.1f} s)", flush=True)
+          + (f"rounds per mode {row['mode_rounds']}  " if row.get("mode_rounds") else "")
+          + f"({row['duration_s']:.1f} s)", flush=True)
 
 
 def run_mode(run, setup, mode, rates, args, http_server=None):
@@ -514,9 +530,10 @@ def run_mode(run, setup, mode, rates, args, http_server=None):
                     drive(se, warm_work(setup.prompts, a.warmup, 8, se.max_context), setup.stop_ids)
                 warmed = True
                 warm_s = time.perf_counter() - t_build
-                times = dataclasses.replace(se.times)
+                times, s0 = dataclasses.replace(se.times), se.stats()
                 traces, t0, mean_acc = drive(se, work, setup.stop_ids)
                 breakdown = step_breakdown(times, se.times)
+                breakdown.update(policy_row(se, s0, se.stats()))
                 if mode in ("plain", "plain-sync"):
                     mean_acc = 1.0
             row = dict(base, **metrics(traces, t0), **breakdown, mean_accept_length=mean_acc, warmup_s=warm_s,

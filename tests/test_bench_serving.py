@@ -51,6 +51,12 @@ def test_in_process_modes(tmp_path):
         assert row["steps"] > 0 and row["host_ms_per_step"] > 0 and row["device_ms_per_step"] >= 0
         parts = sum(row[f"{p}_ms_per_step"] for p in ("plan", "dispatch", "update"))
         assert abs(parts - row["host_ms_per_step"]) <= 1e-6 * row["host_ms_per_step"] + 1e-9
+    for row in rows:  # the adaptive rows: the policy's rounds per mode over the rate, its prices per slot bucket
+        adaptive = row["mode"] == "adaptive"
+        assert ("mode_rounds" in row) == adaptive and ("round_costs_ms" in row) == adaptive
+        if adaptive:
+            assert len(row["mode_rounds"]) == 3 and sum(row["mode_rounds"]) > 0
+            assert all(len(c) == 3 and min(c) > 0 for c in row["round_costs_ms"].values())
 
 
 def _server_importable() -> bool:

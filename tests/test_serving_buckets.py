@@ -21,6 +21,7 @@ from jaxspec.models import DEFAULT_WEIGHTS, MTPDrafter, load_pair
 from jaxspec.protocols import PagedKVCache
 from jaxspec.serving import PagePool, Request, RequestParams, Scheduler, ServingEngine
 from jaxspec.serving.core import chunk_batch_buckets, prompt_buckets
+from jaxspec.testing import CompileCounter
 
 
 def _req(name, n=4):
@@ -130,3 +131,40 @@ def test_bucket_costs_and_warmup_refusal():
     se.submit(np.arange(5), RequestParams(max_new_tokens=2))
     with pytest.raises(RuntimeError, match="warmup"):
         se.warmup()
+
+
+def test_warmup_calibrates_the_slot_buckets_ahead():
+    """An adaptive core's ``warmup`` calibrates the slot buckets the engine has no costs for, their executables
+    compiled ahead with the others (the calibration itself compiles nothing), and prices each bucket at its own
+    costs; ``calibrate=False`` leaves a bucket at the slot count's; ``calibrate=True`` on a core that is not
+    adaptive, or a non-bool, is refused before anything compiles."""
+    m = load_pair(DEFAULT_WEIGHTS)
+    spec = (SpecConfig(num_steps=2, topk=1, num_draft_tokens=3),)
+    eng = Engine(m, MTPDrafter(m), spec=spec, adaptive=AdaptivePolicy(), max_context=48, max_batch=2, num_pages=128)
+    se = ServingEngine(eng, max_prefill_tokens=8)  # calibrates the slot count's bucket (2)
+    assert set(eng.round_costs) == {2} and se.slot_buckets == [1, 2]
+    np.testing.assert_array_equal(se._bucket_costs[1], eng.round_costs[2])
+    with pytest.raises(ValueError, match="calibrate: expected None or a bool"):
+        se.warmup(calibrate=1)
+    compiles, calibrate = [], eng.calibrate
+
+    def counted(batch_size, **kw):
+        counter = CompileCounter()
+        out = calibrate(batch_size, **kw)
+        compiles.append((batch_size, counter.count))
+        return out
+
+    eng.calibrate = counted
+    names = []
+    se.warmup(progress=lambda done, total, what: names.append(what), threads=2)
+    assert compiles == [(1, 0)]  # compiled ahead on the warm-up's threads
+    assert "calibrate 1 slots" in names and set(eng.round_costs) == {1, 2}
+    np.testing.assert_array_equal(se._bucket_costs[1], eng.round_costs[1])
+    del eng.round_costs[1]
+    se._bucket_costs[1] = np.asarray(eng.round_costs[2], np.float64)
+    se.warmup(calibrate=False)  # everything compiled already: calls only
+    assert compiles == [(1, 0)] and set(eng.round_costs) == {2}
+    np.testing.assert_array_equal(se._bucket_costs[1], eng.round_costs[2])
+    plain = ServingEngine(Engine(m, None, max_context=48, max_batch=2, num_pages=128))
+    with pytest.raises(ValueError, match="only an adaptive engine"):
+        plain.warmup(calibrate=True)

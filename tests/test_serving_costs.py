@@ -106,5 +106,7 @@ def test_an_adaptive_core_prices_its_policy_with_the_step_overhead():
     for cost, overhead in given:
         np.testing.assert_allclose(cost, base + overhead, rtol=1e-5)
     assert given[-1][1] > 0  # the later steps are priced with the measured overhead
+    modes = se.stats().mode_rounds  # the batch's rounds per mode, as the policy counted them
+    assert len(modes) == 2 and 0 < sum(modes) == int(np.sum(np.asarray(se._state.policy.mode_rounds)))
     solo = Engine(target, None, max_context=48, max_batch=1)
     assert out == [solo.generate([p], 9).tokens[0].tolist() for p in prompts]

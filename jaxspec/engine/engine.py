@@ -265,6 +265,14 @@ class Engine:
         """
         return _calibrate.calibrate(self, batch_size, context=context, rounds=rounds)
 
+    def lower_calibration(self, batch_size: int, *, context: int | None = None, rounds: int | None = None
+                          ) -> list[jax.stages.Lowered]:
+        """The executables ``calibrate(batch_size, context=, rounds=)`` runs (its throw-away batch's prefill and
+        decode loop), lowered for that batch but neither compiled nor run, as ``lower_prefill_slots``:
+        ``.compile()`` each (from any thread) and a later ``calibrate`` of the same batch bucket finds them
+        compiled. Same checks as ``calibrate``."""
+        return _calibrate.lower_calibration(self, batch_size, context=context, rounds=rounds)
+
     def run_prefill(self, state, prompts, prompt_lens) -> DecodeState:
         """Jitted prefill (+ draft extend) of a prepared batch, prompt ``i`` into row ``i`` (``prefill_slots``);
         ``state`` is donated."""

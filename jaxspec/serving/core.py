@@ -166,7 +166,7 @@ class ServingEngine:
             cost = engine.round_costs[b]  # fresh_slots calibrated it when missing
             self.step_costs = StepCosts(cost)
             # a smaller slot bucket's rounds at its own calibrated costs where the engine has them, else the
-            # slot count's (its mode ratios; Engine.calibrate(bucket) before building the core prices it exactly)
+            # slot count's (its mode ratios) until warmup() calibrates it
             self._bucket_costs = {k: np.asarray(engine.round_costs.get(k, cost), np.float64) for k in self.slot_buckets}
             self._mode_rounds = np.zeros_like(self.step_costs.base, np.int64)
 
@@ -250,11 +250,11 @@ class ServingEngine:
         cost = (self._bucket_costs[bucket] + self.step_costs.overhead).astype(np.float32)
         return dataclasses.replace(st, policy=dataclasses.replace(st.policy, round_cost=jax.device_put(cost)))
 
-    def warmup(self, progress=None, *, threads: int | None = None) -> None:
+    def warmup(self, progress=None, *, threads: int | None = None, calibrate: bool | None = None) -> None:
         """Compile every executable a step can run (the table refresh, the last chunks' prefill of every
         chunk-count and width bucket a step's budget allows, ``prefill_buckets``, the non-final chunk's of every
         width, ``prefill_chunk_buckets``, the decode of every slot bucket, the copy of a step's outputs), so that
-        no later step compiles;
+        no later step compiles, and (an adaptive core, ``calibrate``) price every slot bucket at its own costs;
         only on an idle core (nothing queued or running: ``RuntimeError`` else). With ``threads > 1`` every
         executable is first lowered (one after another, on this thread) and compiled ahead of time on a pool of
         ``threads`` threads (XLA's compile releases the GIL, so compiles can overlap), then each is called once,
@@ -270,9 +270,19 @@ class ServingEngine:
           threads: the compile threads, an int >= 1 (1: each executable compiled by its call, one after
             another); default ``min(MAX_WARMUP_THREADS, os.cpu_count())`` on an accelerator and 1 on the CPU
             backend (XLA:CPU's compiles compete with each other for the same cores: little to gain).
+          calibrate: an adaptive core's slot buckets that the engine has no ``round_costs`` for are calibrated
+            (``Engine.calibrate``, its executables compiled ahead with the others) and priced at their own costs
+            from then on, instead of at the slot count's: a round's cost grows with the batch differently per
+            mode (a verify round costs ~1.2 plain steps alone and ~2 at 32 rows on SmolLM2), so the slot count's
+            prices make speculation look dearer than it is at one row. ``None`` (default): on for an adaptive
+            core; ``False``: off; ``True`` on a core that is not adaptive: ``ValueError``.
         """
         if threads is not None and (not isinstance(threads, int) or isinstance(threads, bool) or threads < 1):
             raise ValueError(f"threads: expected None or an int >= 1, got {threads!r}")
+        if calibrate is not None and not isinstance(calibrate, bool):
+            raise ValueError(f"calibrate: expected None or a bool, got {calibrate!r}")
+        if calibrate and self.step_costs is None:
+            raise ValueError("calibrate: only an adaptive engine's core prices its rounds (adaptive=True)")
         if self.has_unfinished():
             raise RuntimeError("warmup: the core has requests (warm it up before submitting any)")
         if threads is None:
@@ -309,6 +319,8 @@ class ServingEngine:
         calls += [(f"decode {b} slots", functools.partial(lower_decode, b), functools.partial(decode, b))
                   for b in self.slot_buckets]
         calls += [("step outputs", lambda: _step_outputs.lower(self._state), lambda: _step_outputs(self._state))]
+        if self.step_costs is not None and calibrate is not False:
+            calls += self._calibration_calls()
         total = len(calls)
         if threads > 1:
             self._compile_ahead([(what, lower) for what, lower, _ in calls], threads, report)
@@ -317,6 +329,27 @@ class ServingEngine:
                 report(done, total, what)
             call()  # threads > 1: compiled above, a cache hit
         report(total, total, "done")
+
+    def _calibration_calls(self) -> list:
+        """``warmup``'s ``(what, lower, call)`` for the slot buckets without calibrated costs: per bucket, the
+        calibration's prefill (nothing to call: the calibration calls it) and its decode loop, whose call
+        calibrates the bucket and prices its rounds at the result."""
+        eng, lowered, calls = self.engine, {}, []
+
+        def lower(b, i):  # both executables of a bucket lowered from one throw-away batch
+            if b not in lowered:
+                lowered[b] = eng.lower_calibration(min(b, eng.max_batch))
+            return lowered[b][i]
+
+        def run(b):
+            eng.calibrate(min(b, eng.max_batch))  # stored at bucket b (a power of two up to num_slots)
+            self._bucket_costs[b] = np.asarray(eng.round_costs[b], np.float64)
+
+        for b in self.slot_buckets:
+            if b not in eng.round_costs:
+                calls += [(f"calibration prefill {b} slots", functools.partial(lower, b, 0), lambda: None),
+                          (f"calibrate {b} slots", functools.partial(lower, b, 1), functools.partial(run, b))]
+        return calls
 
     @staticmethod
     def _compile_ahead(lowerings: list, threads: int, report) -> None:
@@ -476,7 +509,8 @@ class ServingEngine:
             pages_in_use=self.pool.capacity - self.pool.num_free, pages_total=self.pool.capacity,
             num_slots=self.num_slots, generated_tokens=sched.generated, rounds=sched.rounds,
             accepted_tokens=sched.accepted,
-            mean_accept_length=sched.accepted / sched.rounds if sched.rounds else 0.0)
+            mean_accept_length=sched.accepted / sched.rounds if sched.rounds else 0.0,
+            mode_rounds=None if self._mode_rounds is None else tuple(int(x) for x in self._mode_rounds))
 
     def run_until_done(self, max_steps: int = 1_000_000) -> None:
         """``step`` until no request is waiting or running."""

@@ -82,7 +82,8 @@ class ServingStats(NamedTuple):
     """Counters of a ``ServingEngine`` (``stats()``): requests ``running`` / ``waiting``, KV ``pages_in_use`` of
     ``pages_total`` (the dummy page excluded), batch ``num_slots``; since construction: ``generated_tokens``,
     verify ``rounds`` (per request, summed) and the tokens they accepted (``accepted_tokens``), whose ratio is
-    ``mean_accept_length`` (1.0 for plain decoding; 0.0 before any round)."""
+    ``mean_accept_length`` (1.0 for plain decoding; 0.0 before any round); an adaptive core's ``mode_rounds``:
+    the batch's rounds of each mode (plain, then each draft shape) as of the last step read (else None)."""
 
     running: int
     waiting: int
@@ -93,6 +94,7 @@ class ServingStats(NamedTuple):
     rounds: int
     accepted_tokens: int
     mean_accept_length: float
+    mode_rounds: tuple[int, ...] | None = None
 
 
 class RequestHandle:
