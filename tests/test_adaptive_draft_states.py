@@ -15,7 +15,7 @@ from flax import nnx
 
 from jaxspec.config import SpecConfig
 from jaxspec.engine import AdaptivePolicy, Engine
-from jaxspec.engine.step import state_groups
+from jaxspec.engine.step import PLAIN_EXTEND_WINDOW, state_groups
 from jaxspec.models import Decoder, DecoderConfig, MTPDrafter, MTPModel
 from jaxspec.models.eagle3 import EAGLE3Model, Eagle3Config, aux_layers_from_ids
 from jaxspec.models.eagle3_drafter import EAGLE3Drafter
@@ -25,7 +25,7 @@ TARGET = DecoderConfig(vocab_size=V, hidden_size=32, intermediate_size=64, num_h
                        num_key_value_heads=2, head_dim=8, rms_norm_eps=1e-5, rope_theta=10000.0)
 IDS = (0, 1, 2)
 SPECS = (SpecConfig(3, 1, 4), SpecConfig(5, 1, 6), SpecConfig(3, 2, 6))  # two chains (one state) and a tree
-KW = dict(max_context=64, page_size=4, max_batch=2)
+KW = dict(max_context=80, page_size=4, max_batch=2)
 TOL = 1e-5
 
 
@@ -62,13 +62,16 @@ def _whole_prefill(engine, state, rows):
     return engine.run_prefill(*engine.prepare(prompts, 8)), prompts
 
 
-@pytest.mark.parametrize("mode, rounds", [(0, 5), (1, 3), (3, 2)])
+@pytest.mark.parametrize("mode, rounds", [(0, 5), (0, PLAIN_EXTEND_WINDOW), (0, 2 * PLAIN_EXTEND_WINDOW + 3), (1, 3),
+                                         (3, 2)])
 def test_every_shape_holds_every_committed_position(engine, mode, rounds):
     """After rounds of one mode (plain, the short chain, the tree), every shape's draft K/V over the committed
-    positions and its next proposal equal those of a whole-sequence prefill, and the two chains hold one state."""
+    positions and its next proposal equal those of a whole-sequence prefill, and the two chains hold one state.
+    Plain rounds catch the drafter up once per run of ``PLAIN_EXTEND_WINDOW`` rounds: part of a run, one whole
+    run, and two whole runs plus part of a third."""
     rng = np.random.default_rng(5 + mode)
     rows = [rng.integers(0, V, n).astype(np.int32) for n in (7, 4)]
-    state = engine.run_prefill(*engine.prepare(rows, 24))
+    state = engine.run_prefill(*engine.prepare(rows, 40))
     state = engine.run_decode(state, max_rounds=rounds, mode=mode)
     ref, prompts = _whole_prefill(engine, state, rows)
     np.testing.assert_array_equal(np.asarray(ref.seq_lens), np.asarray(state.seq_lens))

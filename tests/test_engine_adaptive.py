@@ -466,3 +466,50 @@ def test_policy_probe_wait_grows_with_the_probe_length():
         assert idle == wait, (rows, idle)
         assert int(init_policy_state([1.0, 1.25], [1.0, 4.0], learned=ps).rows) == rows
     assert int(init_policy_state([1.0, 1.25], [1.0, 4.0]).rows) == 1  # before any round: planned for one
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_run_of_plain_rounds_is_one_policy_update(seed):
+    """From random policy states that choose plain: ``plain_rounds_left`` is the number of rounds ``choose_mode``
+    goes on choosing plain under one ``update_policy`` per round (rows fixed), at most that many when rows fall
+    during the run, and ``advance_plain`` over any prefix of the run equals the per-round updates, every field."""
+    from jaxspec.engine.policy import PolicyState, advance_plain, plain_rounds_left, update_policy
+
+    rng = np.random.default_rng(seed)
+    policy = AdaptivePolicy(probe_interval=int(rng.integers(1, 9)), probe_rounds=int(rng.integers(1, 5)),
+                            probe_requests=int(rng.integers(1, 20)))
+    choose = jax.jit(lambda ps: choose_mode(policy, ps))
+    update = jax.jit(lambda ps, rows: update_policy(policy, ps, jnp.int32(0), jnp.float32(1.0), rows))
+    left_fn = jax.jit(lambda ps: plain_rounds_left(policy, ps))
+    tried = 0
+    while tried < 8:
+        m = 3
+        top = np.float32([1.0, 4.0, 8.0])
+        cost = rng.uniform(0.5, 3.0, m).astype(np.float32)
+        cost[0] = rng.uniform(0.3, 1.0)
+        ps = PolicyState(round_cost=jnp.asarray(cost), max_accept=jnp.asarray(top),
+                         accept=jnp.asarray(np.float32([1.0, rng.uniform(1, 2), rng.uniform(1, 3)])),
+                         seen=jnp.asarray(rng.integers(1, 50, m), jnp.int32), streak=jnp.zeros((m,), jnp.int32),
+                         idle=jnp.asarray(rng.integers(0, 40, m), jnp.int32),
+                         backoff=jnp.asarray(rng.choice([1, 2, 4, 16], m), jnp.int32),
+                         mode_rounds=jnp.asarray(rng.integers(0, 9, m), jnp.int32),
+                         rows=jnp.asarray(rng.integers(1, 9), jnp.int32))
+        if int(choose(ps)) != 0:
+            continue
+        tried += 1
+        left = int(left_fn(ps))
+        rows = int(ps.rows)
+        st, n, total = ps, 0, 0
+        while n < 300 and int(choose(st)) == 0:  # rows fixed: the policy's own count
+            st = update(st, jnp.int32(rows))
+            n, total = n + 1, total + rows
+            if n in (1, min(left, 300) // 2 + 1, min(left, 300)):
+                bulk = advance_plain(ps, jnp.int32(n), jnp.int32(total), jnp.int32(rows))
+                for a, b in zip(jax.tree.leaves(bulk), jax.tree.leaves(st)):
+                    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+        assert left == n or (left >= 300 and n == 300), (left, n)
+        st, n, shrinking = ps, 0, rows
+        while n < 300 and int(choose(st)) == 0:  # rows falling during the run: only longer
+            shrinking = max(1, shrinking - int(rng.integers(0, 2)))
+            st, n = update(st, jnp.int32(shrinking)), n + 1
+        assert left <= n or n == 300

@@ -36,9 +36,11 @@ first call of a bucket pays for exploration. Every mode is lossless; the choice 
 the compiled loop (no host sync): ``step.decode_loop`` runs each mode as a segment of rounds and switches
 only when the choice changes.
 
-Switching costs no acceptance: every round, whatever its mode, extends the drafter state of every draft shape
-with the tokens it commits (``step.extend_draft_states``; a plain round passes its one token and the target's
-features), so a shape always drafts from a state that has every committed position. Shapes whose states the
+Switching costs no acceptance: the drafter state of every draft shape is extended with every committed token
+(``step.extend_draft_states``): a speculative round extends it with its accepted window; plain rounds keep their
+tokens and the target's features and extend it once per run of up to ``step.PLAIN_EXTEND_WINDOW`` rounds
+(``step.plain_segment``; the window ends when the policy leaves plain), so a shape always drafts from a state
+that has every committed position, and a plain round costs a plain step plus a share of one drafter extend. Shapes whose states the
 drafter declares equal (``Drafter.state_key``, e.g. EAGLE-3 chains of any length) share one extend.
 """
 
@@ -169,6 +171,43 @@ def choose_mode(policy: AdaptivePolicy, ps: PolicyState) -> jax.Array:
     return jnp.where(jnp.any(going), jnp.argmax(going).astype(jnp.int32), pick)
 
 
+def plain_rounds_left(policy: AdaptivePolicy, ps: PolicyState) -> jax.Array:
+    """``i32[]``: how many plain rounds in a row ``choose_mode`` goes on choosing from ``ps`` where it chooses plain
+    now (a run of plain rounds changes only the modes' idle counts, so the choice can change only when a probe
+    falls due; fewer active rows later only make the wait longer): the rounds before the first speculative mode
+    that could win has waited its probe wait (``2**30`` when none could win). Exact: the same float32
+    comparison as ``choose_mode``'s. From a state where ``choose_mode`` does not choose plain, 0 or more."""
+    rate = ps.accept / ps.round_cost
+    best = jnp.argmax(rate).astype(jnp.int32)
+    m = rate.shape[0]
+    could_win = (ps.max_accept / ps.round_cost > rate[best]) & (jnp.arange(m) > 0)
+    probe_len = jnp.maximum(policy.probe_rounds, (policy.probe_requests + ps.rows - 1) // ps.rows)
+    stretch = probe_len.astype(jnp.float32) / jnp.float32(policy.probe_rounds)
+    wait = jnp.float32(policy.probe_interval) * ps.backoff.astype(jnp.float32) * ps.round_cost * stretch
+    cost = ps.round_cost[best]
+    # the least r >= 0 with float32(idle + r) * cost >= wait: from the quotient, then its float32 neighbours
+    guess = jnp.ceil(wait / cost).astype(jnp.int32) - ps.idle
+    cands = jnp.maximum(guess[:, None] + jnp.arange(-2, 3, dtype=jnp.int32)[None, :], 0)  # [M, 5], ascending
+    due = (ps.idle[:, None] + cands).astype(jnp.float32) * cost >= wait[:, None]
+    first = jnp.where(jnp.any(due, axis=1), jnp.min(jnp.where(due, cands, 2**30), axis=1), guess + 3)
+    return jnp.min(jnp.where(could_win, first, 2**30)).astype(jnp.int32)
+
+
+def advance_plain(ps: PolicyState, rounds: jax.Array, requests: jax.Array, rows: jax.Array) -> PolicyState:
+    """``ps`` after ``rounds`` plain rounds (``i32[]``, >= 0) of ``requests`` request-rounds in all, the last of
+    ``rows`` active requests: what ``rounds`` calls of ``update_policy(.., mode=0, .., rows_i)`` give (plain's
+    average is fixed; no back-off changes), in one update."""
+    m = ps.accept.shape[0]
+    hit = jnp.arange(m) == 0
+    ran = rounds > 0
+    return dataclasses.replace(
+        ps, seen=jnp.where(hit, jnp.minimum(ps.seen + requests, 2**30), ps.seen),
+        streak=jnp.where(ran, jnp.where(hit, ps.streak + rounds, 0), ps.streak),
+        idle=jnp.where(ran, jnp.where(hit, 0, ps.idle + rounds), ps.idle),
+        mode_rounds=ps.mode_rounds + jnp.where(hit, rounds, 0), rows=jnp.where(ran & (rows > 0), rows, ps.rows),
+    )
+
+
 def update_policy(policy: AdaptivePolicy, ps: PolicyState, mode: jax.Array, accept: jax.Array,
                   rows: jax.Array | int = 1) -> PolicyState:
     """Fold the round's mean accept length ``accept`` over its ``rows`` active requests (``f32[]``, ``i32[]``)
@@ -200,4 +239,5 @@ def update_policy(policy: AdaptivePolicy, ps: PolicyState, mode: jax.Array, acce
     )
 
 
-__all__ = ["MAX_BACKOFF", "AdaptivePolicy", "PolicyState", "choose_mode", "init_policy_state", "update_policy"]
+__all__ = ["MAX_BACKOFF", "AdaptivePolicy", "PolicyState", "advance_plain", "choose_mode", "init_policy_state",
+           "plain_rounds_left", "update_policy"]

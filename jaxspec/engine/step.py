@@ -18,10 +18,14 @@ import jax.numpy as jnp
 
 from jaxspec import pipeline
 from jaxspec.config import SpecConfig
-from jaxspec.engine.policy import choose_mode, update_policy
+from jaxspec.engine.policy import advance_plain, choose_mode, plain_rounds_left, update_policy
 from jaxspec.engine.simulate import SimulatedVerify, draw_accept_lens
 from jaxspec.engine.state import DecodeState, EngineOptions
 from jaxspec.ops.accept import MAX_COIN, sample_from_probs, sampling_probs
+
+# Plain rounds of an adaptive loop per drafter catch-up (``plain_segment``): the drafter's extend over up to this
+# many committed tokens runs once per run of plain rounds, not once per round.
+PLAIN_EXTEND_WINDOW = 8
 
 
 def _kernel_kw(opts: EngineOptions) -> dict:
@@ -294,11 +298,9 @@ def spec_step(target, drafter, opts: EngineOptions, state: DecodeState, which: i
     )
 
 
-def plain_step(target, opts: EngineOptions, state: DecodeState, drafter=None) -> DecodeState:
-    """One plain decode step: commit ``bonus`` at ``seq_lens`` and predict the next token (greedy, or
-    sampled with the key ``k = fold_in(key(seed), 1 + num_rounds)`` in sampling batches). With a ``drafter``
-    (the plain rounds of an adaptive engine) every draft shape's state is extended over the committed token
-    (``extend_draft_states``; drafter coins from ``fold_in(k, 1)`` in ``verify="draft_probs"``)."""
+def _plain_round(target, opts: EngineOptions, state: DecodeState):
+    """One plain decode round without the drafter: ``(new state, next token i32[B], the target's features of the
+    committed token [B, 1, D], the round's metadata, the round's key per request or None)``."""
     b = state.seq_lens.shape[0]
     seq = state.seq_lens
     meta = pipeline.decode_metadata(seq, state.target_cache.req_to_token, page_size=opts.page_size, **_kernel_kw(opts))
@@ -309,17 +311,11 @@ def plain_step(target, opts: EngineOptions, state: DecodeState, drafter=None) ->
     else:
         key = request_keys(state, state.num_rounds + 1, 1)[:, 0]
         nxt = sample_next(state, logits[:, 0], _coins(key, ()))
-    draft = state.draft
-    if drafter is not None and opts.specs:
-        coins = None if key is None else jax.vmap(lambda k: jax.random.fold_in(k, 1))(key)
-        draft = extend_draft_states(drafter, opts, state, draft, nxt[:, None], hidden, meta, jnp.ones((b,), jnp.int32),
-                                    coins)
     active = ~state.done
     out_tokens, num, done = append_tokens(state, nxt[:, None], jnp.ones((b,), jnp.int32))
-    return dataclasses.replace(
+    new = dataclasses.replace(
         state,
         target_cache=tcache,
-        draft=draft,
         seq_lens=jnp.where(active, seq + 1, seq),
         bonus=jnp.where(active, nxt, state.bonus),
         out_tokens=out_tokens,
@@ -328,6 +324,84 @@ def plain_step(target, opts: EngineOptions, state: DecodeState, drafter=None) ->
         num_rounds=state.num_rounds + active.astype(jnp.int32),
         num_accepted=state.num_accepted + active.astype(jnp.int32),
     )
+    return new, nxt, hidden, meta, key
+
+
+def _drafter_coins(key):
+    """The drafter's coin keys of a plain round whose key is ``key`` (``fold_in(k, 1)``), or None (greedy)."""
+    return None if key is None else jax.vmap(lambda k: jax.random.fold_in(k, 1))(key)
+
+
+def plain_step(target, opts: EngineOptions, state: DecodeState, drafter=None) -> DecodeState:
+    """One plain decode step: commit ``bonus`` at ``seq_lens`` and predict the next token (greedy, or
+    sampled with the key ``k = fold_in(key(seed), 1 + num_rounds)`` in sampling batches). With a ``drafter``
+    (a plain round of an adaptive engine run on its own, ``Engine.run_step``) every draft shape's state is
+    extended over the committed token (``extend_draft_states``; drafter coins from ``fold_in(k, 1)`` in
+    ``verify="draft_probs"``); the compiled loop's plain rounds extend them once per run of rounds instead
+    (``plain_segment``)."""
+    new, nxt, hidden, meta, key = _plain_round(target, opts, state)
+    if drafter is None or not opts.specs:
+        return new
+    b = state.seq_lens.shape[0]
+    draft = extend_draft_states(drafter, opts, state, state.draft, nxt[:, None], hidden, meta,
+                                jnp.ones((b,), jnp.int32), _drafter_coins(key))
+    return dataclasses.replace(new, draft=draft)
+
+
+def plain_segment(target, drafter, opts: EngineOptions, window: int, live, pick, forced=None):
+    """The adaptive loop's plain rounds (``decode_loop``'s mode-0 segment), ``(state, rounds) -> (state,
+    rounds)``, running rounds while ``live((state, rounds))`` (traced ``bool[]``: the loop goes on) and
+    ``pick(state)`` (``i32[]``: the policy's choice, or ``forced``'s, a traced ``i32[]``, ``-1`` = the policy's)
+    is plain, in runs of at most ``window`` rounds:
+
+    * the policy is read and updated once per run, not per round: a run of plain rounds changes only the modes'
+      idle counts, so the policy goes on choosing plain for ``policy.plain_rounds_left`` rounds (exact, the
+      same float32 test as ``choose_mode``); the run stops there (or at ``window``, or when the loop ends) and
+      ``policy.advance_plain`` applies its rounds in one update, what one ``update_policy`` per round gives;
+    * the drafter is caught up once per run: the run keeps each committed token and the target's features of
+      the position before it, then one ``extend_draft_states`` over that window (``accept_lens`` = the row's
+      rounds in it) brings every draft shape's state to every committed position, as one extend per round
+      would (a speculative round extends over its committed window the same way).
+
+    A plain round then costs the target's forward and its bookkeeping, the policy's and the drafter's work a
+    share of one per run. Lossless either way (the drafts only choose what a speculative round verifies).
+    Sampling batches: the drafter's coins are those of the run's last round (``fold_in(k, 1)``, as
+    ``plain_step``)."""
+    if window < 1:
+        raise ValueError(f"window: expected an int >= 1, got {window!r}")
+
+    def rounds(c):
+        st, n, k, tokens, feats, requests, rows = c
+        active = jnp.sum((~st.done).astype(jnp.int32))
+        new, nxt, hidden, _, _ = _plain_round(target, opts, st)
+        tokens = jax.lax.dynamic_update_slice_in_dim(tokens, nxt[:, None], k, axis=1)
+        feats = jax.lax.dynamic_update_slice_in_dim(feats, hidden.astype(feats.dtype), k, axis=1)
+        return new, n + 1, k + 1, tokens, feats, requests + active, active
+
+    def run(c):
+        st, n = c
+        b = st.seq_lens.shape[0]
+        feat = jax.eval_shape(lambda s: _plain_round(target, opts, s)[2], st)  # [B, 1, D]
+        start, before, ps = st.seq_lens, st.num_rounds, st.policy
+        left = plain_rounds_left(opts.adaptive, ps)
+        if forced is not None:
+            left = jnp.where(forced >= 0, jnp.int32(2**30), left)
+        stop = jnp.minimum(jnp.maximum(left, 1), window)  # the run's first round is the policy's (or forced) choice
+        zero = jnp.int32(0)
+        init = (st, n, zero, jnp.zeros((b, window), jnp.int32), jnp.zeros((b, window) + feat.shape[2:], feat.dtype),
+                zero, zero)
+        st, n, k, tokens, feats, requests, rows = jax.lax.while_loop(
+            lambda c: (c[2] == 0) | (live((c[0], c[1])) & (c[2] < stop)), rounds, init)
+        count = st.num_rounds - before  # the row's rounds in this run: its tokens in the window (0: a done row)
+        meta = pipeline.prefill_metadata(count, st.target_cache.req_to_token, window, page_size=opts.page_size,
+                                         prefix_lens=start, **_kernel_kw(opts))
+        coins = None
+        if not st.all_greedy:  # the run's last round's key (plain_step's k): num_rounds already counts that round
+            coins = _drafter_coins(request_keys(st, st.num_rounds, 1)[:, 0])
+        draft = extend_draft_states(drafter, opts, st, st.draft, tokens, feats, meta, jnp.maximum(count, 1), coins)
+        return dataclasses.replace(st, draft=draft, policy=advance_plain(ps, k, requests, rows)), n
+
+    return lambda c: jax.lax.while_loop(lambda c: live(c) & (pick(c[0]) == 0), run, c)
 
 
 def adaptive_step(target, drafter, opts: EngineOptions, state: DecodeState) -> DecodeState:
@@ -365,7 +439,8 @@ def decode_loop(target, drafter, opts: EngineOptions, state: DecodeState, force_
     the policy's) chooses it: zero rounds when it is not chosen. Every iteration of the outer loop runs at
     least one round (the mode chosen at its start). No conditional: a ``lax.switch`` copies buffers it
     carries (whole KV pools, measured), while loops alias their carry, so each segment is the fixed-shape
-    loop of its mode."""
+    loop of its mode. The plain segment (``plain_segment``) catches the drafter up once per run of up to
+    ``PLAIN_EXTEND_WINDOW`` rounds, so a plain round costs what plain decoding's does plus a share of that."""
     limit = jnp.int32(2**31 - 1) if max_rounds is None else max_rounds
     if until is None:
         live = lambda c: ~jnp.all(c[0].done) & (c[1] < limit)  # noqa: E731
@@ -387,6 +462,7 @@ def decode_loop(target, drafter, opts: EngineOptions, state: DecodeState, force_
         return lambda c: jax.lax.while_loop(lambda c: live(c) & (pick(c[0]) == mode), body, c)
 
     segments = [segment(m, f) for m, f in enumerate(_mode_branches(target, drafter, opts))]
+    segments[0] = plain_segment(target, drafter, opts, PLAIN_EXTEND_WINDOW, live, pick, forced)
     return jax.lax.while_loop(live, lambda c: functools.reduce(lambda c, seg: seg(c), segments, c),
                               (state, jnp.int32(0)))[0]
 
