@@ -153,20 +153,26 @@ def _short_of_evidence(policy: AdaptivePolicy, streak, seen):
     return (streak < policy.probe_rounds) | (seen < policy.probe_requests)
 
 
+def _probe_terms(policy: AdaptivePolicy, ps: PolicyState):
+    """``(best i32[], probed bool[M], wait f32[M])``: the best mode by ``accept / round_cost``, the speculative
+    modes that could beat it (probe candidates), and each mode's probe wait in seconds (``probe_interval *
+    backoff * round_cost * stretch``; module docstring), which ``idle * round_cost[best]`` must reach."""
+    rate = ps.accept / ps.round_cost
+    best = jnp.argmax(rate).astype(jnp.int32)
+    probed = (ps.max_accept / ps.round_cost > rate[best]) & (jnp.arange(rate.shape[0]) > 0)
+    probe_len = jnp.maximum(policy.probe_rounds, (policy.probe_requests + ps.rows - 1) // ps.rows)  # rounds
+    stretch = probe_len.astype(jnp.float32) / jnp.float32(policy.probe_rounds)
+    wait = jnp.float32(policy.probe_interval) * ps.backoff.astype(jnp.float32) * ps.round_cost * stretch
+    return best, probed, wait
+
+
 def choose_mode(policy: AdaptivePolicy, ps: PolicyState) -> jax.Array:
     """``i32[]`` mode of the next round: a speculative mode short of ``probe_rounds`` rounds in a row (or of
     ``probe_requests`` request-rounds in a fresh average) goes on; else the best ``accept / round_cost``, or a due
     probe (lowest mode first)."""
-    rate = ps.accept / ps.round_cost
-    best = jnp.argmax(rate).astype(jnp.int32)
-    m = rate.shape[0]
-    going = (ps.streak > 0) & (jnp.arange(m) > 0) & (_short_of_evidence(policy, ps.streak, ps.seen))
-    could_win = ps.max_accept / ps.round_cost > rate[best]
-    waited = ps.idle.astype(jnp.float32) * ps.round_cost[best]
-    probe_len = jnp.maximum(policy.probe_rounds, (policy.probe_requests + ps.rows - 1) // ps.rows)  # rounds
-    stretch = probe_len.astype(jnp.float32) / jnp.float32(policy.probe_rounds)
-    wait = jnp.float32(policy.probe_interval) * ps.backoff.astype(jnp.float32) * ps.round_cost * stretch
-    due = (waited >= wait) & could_win & (jnp.arange(m) > 0)
+    best, probed, wait = _probe_terms(policy, ps)
+    going = (ps.streak > 0) & (jnp.arange(wait.shape[0]) > 0) & (_short_of_evidence(policy, ps.streak, ps.seen))
+    due = (ps.idle.astype(jnp.float32) * ps.round_cost[best] >= wait) & probed
     pick = jnp.where(jnp.any(due), jnp.argmax(due).astype(jnp.int32), best)
     return jnp.where(jnp.any(going), jnp.argmax(going).astype(jnp.int32), pick)
 
@@ -177,20 +183,14 @@ def plain_rounds_left(policy: AdaptivePolicy, ps: PolicyState) -> jax.Array:
     falls due; fewer active rows later only make the wait longer): the rounds before the first speculative mode
     that could win has waited its probe wait (``2**30`` when none could win). Exact: the same float32
     comparison as ``choose_mode``'s. From a state where ``choose_mode`` does not choose plain, 0 or more."""
-    rate = ps.accept / ps.round_cost
-    best = jnp.argmax(rate).astype(jnp.int32)
-    m = rate.shape[0]
-    could_win = (ps.max_accept / ps.round_cost > rate[best]) & (jnp.arange(m) > 0)
-    probe_len = jnp.maximum(policy.probe_rounds, (policy.probe_requests + ps.rows - 1) // ps.rows)
-    stretch = probe_len.astype(jnp.float32) / jnp.float32(policy.probe_rounds)
-    wait = jnp.float32(policy.probe_interval) * ps.backoff.astype(jnp.float32) * ps.round_cost * stretch
+    best, probed, wait = _probe_terms(policy, ps)
     cost = ps.round_cost[best]
     # the least r >= 0 with float32(idle + r) * cost >= wait: from the quotient, then its float32 neighbours
     guess = jnp.ceil(wait / cost).astype(jnp.int32) - ps.idle
     cands = jnp.maximum(guess[:, None] + jnp.arange(-2, 3, dtype=jnp.int32)[None, :], 0)  # [M, 5], ascending
     due = (ps.idle[:, None] + cands).astype(jnp.float32) * cost >= wait[:, None]
     first = jnp.where(jnp.any(due, axis=1), jnp.min(jnp.where(due, cands, 2**30), axis=1), guess + 3)
-    return jnp.min(jnp.where(could_win, first, 2**30)).astype(jnp.int32)
+    return jnp.min(jnp.where(probed, first, 2**30)).astype(jnp.int32)
 
 
 def advance_plain(ps: PolicyState, rounds: jax.Array, requests: jax.Array, rows: jax.Array) -> PolicyState:

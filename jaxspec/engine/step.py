@@ -371,12 +371,11 @@ def plain_segment(target, drafter, opts: EngineOptions, window: int, live, pick,
         raise ValueError(f"window: expected an int >= 1, got {window!r}")
 
     def rounds(c):
-        st, n, k, tokens, feats, requests, rows = c
-        active = jnp.sum((~st.done).astype(jnp.int32))
+        st, n, k, tokens, feats = c
         new, nxt, hidden, _, _ = _plain_round(target, opts, st)
         tokens = jax.lax.dynamic_update_slice_in_dim(tokens, nxt[:, None], k, axis=1)
         feats = jax.lax.dynamic_update_slice_in_dim(feats, hidden.astype(feats.dtype), k, axis=1)
-        return new, n + 1, k + 1, tokens, feats, requests + active, active
+        return new, n + 1, k + 1, tokens, feats
 
     def run(c):
         st, n = c
@@ -388,11 +387,12 @@ def plain_segment(target, drafter, opts: EngineOptions, window: int, live, pick,
             left = jnp.where(forced >= 0, jnp.int32(2**30), left)
         stop = jnp.minimum(jnp.maximum(left, 1), window)  # the run's first round is the policy's (or forced) choice
         zero = jnp.int32(0)
-        init = (st, n, zero, jnp.zeros((b, window), jnp.int32), jnp.zeros((b, window) + feat.shape[2:], feat.dtype),
-                zero, zero)
-        st, n, k, tokens, feats, requests, rows = jax.lax.while_loop(
+        init = (st, n, zero, jnp.zeros((b, window), jnp.int32), jnp.zeros((b, window) + feat.shape[2:], feat.dtype))
+        st, n, k, tokens, feats = jax.lax.while_loop(
             lambda c: (c[2] == 0) | (live((c[0], c[1])) & (c[2] < stop)), rounds, init)
         count = st.num_rounds - before  # the row's rounds in this run: its tokens in the window (0: a done row)
+        # no row becomes active inside a decode call, so the last round's rows are those active in every round
+        requests, rows = jnp.sum(count), jnp.sum((count == k).astype(jnp.int32))
         meta = pipeline.prefill_metadata(count, st.target_cache.req_to_token, window, page_size=opts.page_size,
                                          prefix_lens=start, **_kernel_kw(opts))
         coins = None
@@ -461,8 +461,8 @@ def decode_loop(target, drafter, opts: EngineOptions, state: DecodeState, force_
 
         return lambda c: jax.lax.while_loop(lambda c: live(c) & (pick(c[0]) == mode), body, c)
 
-    segments = [segment(m, f) for m, f in enumerate(_mode_branches(target, drafter, opts))]
-    segments[0] = plain_segment(target, drafter, opts, PLAIN_EXTEND_WINDOW, live, pick, forced)
+    segments = [plain_segment(target, drafter, opts, PLAIN_EXTEND_WINDOW, live, pick, forced)]
+    segments += [segment(m, f) for m, f in enumerate(_mode_branches(target, drafter, opts)) if m > 0]
     return jax.lax.while_loop(live, lambda c: functools.reduce(lambda c, seg: seg(c), segments, c),
                               (state, jnp.int32(0)))[0]
 
