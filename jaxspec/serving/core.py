@@ -31,6 +31,9 @@ from jaxspec.serving.request import RequestHandle, RequestOutput, RequestParams,
 from jaxspec.serving.scheduler import PagePool, Request, Scheduler, StepResult
 
 DEFAULT_MAX_PREFILL_TOKENS = 256  # prompt tokens prefilled per step (ServingEngine(max_prefill_tokens=))
+# an adaptive core re-prices its policy (a new device array of round costs) only when a price moves by more than
+# this fraction of what the state holds, or the slot bucket changes (ServingEngine._decode_state)
+REPRICE_TOLERANCE = 0.05
 MAX_WARMUP_THREADS = 8  # warmup()'s default compile threads on an accelerator: min(this, os.cpu_count())
 
 
@@ -162,6 +165,7 @@ class ServingEngine:
         self.step_costs: StepCosts | None = None  # adaptive engines: the policy's round prices (costs.py)
         self._bucket_costs: dict[int, np.ndarray] = {}  # adaptive: slot bucket -> in-loop seconds per round per mode
         self._mode_rounds = None
+        self._priced: tuple[int, np.ndarray] | None = None  # adaptive: (bucket, prices) the state's policy holds
         if engine.opts.adaptive is not None:  # one policy for the batch, learning across steps (a warm start)
             cost = engine.round_costs[b]  # fresh_slots calibrated it when missing
             self.step_costs = StepCosts(cost)
@@ -243,11 +247,21 @@ class ServingEngine:
         self._state = self.engine.decode_slots(self._decode_state(bucket), bucket=bucket, rounds=self._rounds)
 
     def _decode_state(self, bucket: int):
-        """The state a decode of ``bucket`` is given: an adaptive core's policy priced for the bucket."""
+        """The state a decode of ``bucket`` is given: an adaptive core's policy priced for the bucket. The prices
+        are written (a new device array) only when the bucket changes or a price moves by more than
+        ``REPRICE_TOLERANCE`` of what the state holds; otherwise the state keeps its own buffer, which the
+        donated decode hands back in place: an argument buffer that moves between calls makes XLA:GPU update
+        the command buffers (CUDA graphs) that read it, and the prices are read in every loop of an adaptive
+        decode."""
         st = self._state
         if self.step_costs is None:
             return st
         cost = (self._bucket_costs[bucket] + self.step_costs.overhead).astype(np.float32)
+        if self._priced is not None and self._priced[0] == bucket:
+            held = self._priced[1]
+            if np.all(np.abs(cost - held) <= REPRICE_TOLERANCE * held):
+                return st
+        self._priced = (bucket, cost)
         return dataclasses.replace(st, policy=dataclasses.replace(st.policy, round_cost=jax.device_put(cost)))
 
     def warmup(self, progress=None, *, threads: int | None = None, calibrate: bool | None = None) -> None:
