@@ -20,7 +20,8 @@
 #   drafters  bench/train_heads.sh: the self-distilled data, then the EAGLE-3 and MTP heads (resumable: a rerun
 #             continues where a cut-short one stopped; on one H200 the whole recipe needs two calls; RECIPE=seeded:
 #             the seeded chat recipe, its evaluation check against $REAL_INPUTS/q/question.jsonl)
-#   real      bench/real_model.py (REAL_ARGS: its options; heads: $OUT/heads from drafters, else the shipped ones)
+#   real      bench/real_model.py (REAL_ARGS: its options; heads: $OUT/heads from drafters, else the shipped ones);
+#             REAL_CB_LOG=1: with the command-buffer update log, as SERVING_CB_LOG below
 #   serving   bench/serving.py (SERVING_ARGS: its options; the shipped EAGLE-3 head): $OUT/serving.json, .png;
 #             SERVING_CB_LOG=1: with XLA's command-buffer update log (TF_CPP_VMODULE=command_buffer_thunk=3), then the
 #             count and time of the re-recordings (a step whose buffers moved re-records its loop's graph on the host)
@@ -40,6 +41,16 @@ site() {  # gguf and jaxspec importable (no install needs the network)
   jaxspec_site /tmp/jsite "$SRC"
   export PYTHONPATH=/tmp/jsite:/tmp/site
 }
+cb_log_on() {  # XLA's command-buffer update log (a call whose buffers moved updates its graphs on the host)
+  export TF_CPP_MIN_LOG_LEVEL=0 TF_CPP_VMODULE=command_buffer_thunk=3
+}
+cb_log_summary() {  # LOG: the count and time of the updates, then LOG without them (the log itself is too big)
+  grep -ao "Updated command buffer in [0-9]* .s; num_commands=[0-9]*" "$1" > /tmp/cb_updates.txt
+  echo "command-buffer updates: $(wc -l < /tmp/cb_updates.txt), us in all: $(awk '{s += $5} END {print s + 0}' /tmp/cb_updates.txt)"
+  sort /tmp/cb_updates.txt | uniq -c | sort -rn | head -12
+  grep -av "command_buffer_thunk" "$1" > /tmp/rows.log && mv /tmp/rows.log "$1"
+  unset TF_CPP_VMODULE
+}
 heads() {  # the heads real_model.py uses: this machine's trained ones, else the shipped ones
   local a=$SRC/jaxspec/assets/heads/smollm2-135m-instruct
   E3=$RUNS/e3/eagle3; [ -f "$E3/config.json" ] || E3=$a-eagle3
@@ -57,22 +68,18 @@ for p in "$@"; do case $p in
     [ -n "$got" ] && tar -cf /tmp/heads.tar -C $RUNS $got && split -b 15000000 -d /tmp/heads.tar "$OUT/heads.tar." \
       && ls -la "$OUT" ;;  # what exists: a stage cut short by its limit leaves the others
   real) site; heads
+    [ -n "${REAL_CB_LOG:-}" ] && cb_log_on
     XLA_FLAGS="${XLA_FLAGS-$GPU_XLA_FLAGS}" run real ${REAL_TIMEOUT:-560} env -u TORCHDYNAMO_DISABLE python3 bench/real_model.py \
       --model $GGUF --questions "$IN/q/question.jsonl" --eagle3 "$E3" --mtp "$MTP" --json "$OUT/real_model.json" \
-      --png "$OUT/real_model.png" ${REAL_ARGS:-} ;;
+      --png "$OUT/real_model.png" ${REAL_ARGS:-}
+    [ -n "${REAL_CB_LOG:-}" ] && cb_log_summary "$OUT/real.log" ;;
   serving) site  # one persistent compilation cache: the http mode's server reuses the in-process plain compiles
     export JAX_COMPILATION_CACHE_DIR=/tmp/jax_cache JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0.2
-    [ -n "${SERVING_CB_LOG:-}" ] && export TF_CPP_MIN_LOG_LEVEL=0 TF_CPP_VMODULE=command_buffer_thunk=3
+    [ -n "${SERVING_CB_LOG:-}" ] && cb_log_on
     XLA_FLAGS="${XLA_FLAGS-$GPU_XLA_FLAGS}" run serving ${SERVING_TIMEOUT:-540} python3 bench/serving.py \
       --model $GGUF --questions "$IN/q/question.jsonl" --eagle3 "$SRC/jaxspec/assets/heads/smollm2-135m-instruct-eagle3" \
       --budget-s ${SERVING_BUDGET:-480} --json "$OUT/serving.json" --png "$OUT/serving.png" ${SERVING_ARGS:-}
-    if [ -n "${SERVING_CB_LOG:-}" ]; then  # the log itself is too big to bring back: its summary
-      grep -ao "Updated command buffer in [0-9]* .s; num_commands=[0-9]*" "$OUT/serving.log" > /tmp/cb_updates.txt
-      echo "command-buffer updates: $(wc -l < /tmp/cb_updates.txt), us in all: $(awk '{s += $5} END {print s + 0}' /tmp/cb_updates.txt)"
-      sort /tmp/cb_updates.txt | uniq -c | sort -rn | head -12
-      grep -av "command_buffer_thunk" "$OUT/serving.log" > /tmp/serving_rows.log && mv /tmp/serving_rows.log "$OUT/serving.log"
-      unset TF_CPP_VMODULE
-    fi ;;
+    [ -n "${SERVING_CB_LOG:-}" ] && cb_log_summary "$OUT/serving.log" ;;
   *) echo "unknown part $p"; fail=1 ;;
 esac; done
 exit $fail

@@ -17,7 +17,10 @@ it is measured, so a run cut short keeps what it measured):
   the per-request accept lengths' histogram, whether its greedy tokens equal plain decoding's (every config's,
   first), then tokens/s at ``--batches`` (generated tokens / seconds). Lossless: at temperature 0 every engine
   returns plain decoding's tokens (up to bf16 near-ties between a 1-row and a multi-row forward; none in the
-  batch-invariant mode).
+  batch-invariant mode). Adaptive configs' rows also carry ``mode_rounds`` (the batch's rounds per mode),
+  ``round_costs_ms`` (the calibrated prices per batch bucket) and ``policy_learned`` (per bucket, the running
+  accept lengths, request-rounds, idle rounds and probe back-offs the call left), and each timed batch adds the
+  engine forced to each mode (``forced_mode`` rows).
   ``--modes default,invariant`` runs the part once per mode (``Engine(batch_invariant=True)``), side by side; the
   invariant mode also decodes the first 32 requests alone and all of them through the serving core, each
   compared with its reply in the all-prompts batch.
@@ -244,6 +247,7 @@ def part_spec(run, models, prompts, batches, args, eos_id, mode="default"):
             if res.mode_rounds is not None:
                 row["mode_rounds"] = np.asarray(res.mode_rounds).tolist()
                 row["round_costs_ms"] = _round_costs_ms(eng)
+                row["policy_learned"] = _policy_learned(eng)
             if t == 0.0:
                 got = [np.asarray(x).tolist() for x in res.tokens]
                 same = [a == b for a, b in zip(got, ref_tokens)]
@@ -269,7 +273,8 @@ def part_spec(run, models, prompts, batches, args, eos_id, mode="default"):
             res, first_s, s = _timed(lambda: eng.generate(prompts[:b], args.new_tokens), args.repeats)
             tok_s = _n_tokens(res) / s
             extra = {} if res.mode_rounds is None else dict(mode_rounds=np.asarray(res.mode_rounds).tolist(),
-                                                            round_costs_ms=_round_costs_ms(eng))
+                                                            round_costs_ms=_round_costs_ms(eng),
+                                                            policy_learned=_policy_learned(eng))
             run.add(part="spec", mode=mode, engine="jaxspec", config=name, batch=b, tokens=_n_tokens(res), seconds=s,
                     tok_s=tok_s,
                     accept_len=res.mean_accept_length, first_call_s=first_s,
@@ -301,6 +306,16 @@ def _forced_rows(run, eng, name, prompts, args, plain_tok_s, mode):
                 rounds=int(np.max(res.num_rounds)), speedup=tok_s / plain_tok_s if plain_tok_s else None)
         print(f"{name:<18s} b={len(prompts):<3d} forced mode {m}: {tok_s:10.1f} tok/s "
               f"{tok_s / (plain_tok_s or float('nan')):.2f}x plain (accept {res.mean_accept_length:.2f})", flush=True)
+
+
+def _policy_learned(eng) -> dict:
+    """An adaptive engine's policy as its last call at each batch bucket left it (``Engine.policy_memory``, the next
+    call's warm start): per mode the running accept length, its request-rounds, the idle rounds and the probe
+    back-off: what the choices of the row were made from."""
+    import numpy as np
+
+    return {int(b): {k: np.asarray(getattr(ps, k)).tolist() for k in ("accept", "seen", "idle", "backoff")}
+            for b, ps in eng.policy_memory.items()}
 
 
 def _round_costs_ms(eng) -> dict:

@@ -34,3 +34,21 @@ def test_forced_rows_one_per_mode():
     assert all(r["speedup"] == r["tok_s"] / 100.0 for r in rows)
     st = eng.run_decode(eng.run_prefill(*eng.prepare(prompts, 12)), mode=2)
     assert [t.tolist() for t in eng.result(st, 2).tokens] == want
+
+
+def test_policy_learned_reads_the_warm_start_of_each_bucket():
+    """The adaptive rows' ``policy_learned``: per batch bucket the policy the last call left (the next call's warm
+    start), per mode: plain's accept length fixed at 1, a shape that ran has request-rounds and its mean."""
+    rm = load("real_model")
+    model = MTPModel(CFG, rngs=nnx.Rngs(4), kv_dtype=jnp.float32, num_mtp_layers=3)
+    eng = Engine(model, MTPDrafter(model), spec=(SpecConfig(3, 1, 4),), adaptive=AdaptivePolicy(), max_context=64,
+                 page_size=8, max_batch=2)
+    eng.round_costs[2] = np.float32([1e-3, 1e-3])  # priced alike: the shape runs first (its optimistic start)
+    assert rm._policy_learned(eng) == {}
+    rng = np.random.default_rng()
+    res = eng.generate([rng.integers(0, CFG.vocab_size, 5).astype(np.int32) for _ in range(2)], 12)
+    got = rm._policy_learned(eng)
+    assert list(got) == [2] and sorted(got[2]) == ["accept", "backoff", "idle", "seen"]
+    ps = eng.policy_memory[2]
+    assert got[2]["accept"] == np.asarray(ps.accept).tolist() and got[2]["accept"][0] == 1.0
+    assert res.mode_rounds[1] > 0 and got[2]["seen"][1] > 0 and 1.0 <= got[2]["accept"][1] <= 4.0
