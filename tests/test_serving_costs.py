@@ -75,25 +75,32 @@ def test_bad_rounds_are_named():
         c.observe(1.0, [1, -1])
 
 
-def test_an_adaptive_core_prices_its_policy_with_the_step_overhead():
-    """After steps of an adaptive core, the policy state's round costs are the calibrated ones plus the measured
-    overhead per round (> 0: a step costs host time beyond its rounds), and greedy output stays its own."""
+def _adaptive_pair(layers: int):
+    """``(target, engine)``: a small random MTP target and an adaptive engine over one draft shape, 2 slots."""
+    import jax.numpy as jnp
     from flax import nnx
 
     from jaxspec.config import SpecConfig
     from jaxspec.engine import AdaptivePolicy, Engine
-    import jax.numpy as jnp
-
     from jaxspec.models import DecoderConfig, MTPDrafter, MTPModel
-    from jaxspec.serving import RequestParams, ServingEngine
-    from jaxspec.serving.core import REPRICE_TOLERANCE
 
-    cfg = DecoderConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+    cfg = DecoderConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
                         num_attention_heads=4, num_key_value_heads=2, head_dim=8, rms_norm_eps=1e-5,
                         rope_theta=10000.0)
     target = MTPModel(cfg, rngs=nnx.Rngs(0), kv_dtype=jnp.float32, num_mtp_layers=1, num_draft_steps=2)
     eng = Engine(target, MTPDrafter(target), spec=(SpecConfig(num_steps=2, topk=1, num_draft_tokens=3),),
                  adaptive=AdaptivePolicy(), max_context=48, page_size=4, max_batch=2, num_pages=32)
+    return target, eng
+
+
+def test_an_adaptive_core_prices_its_policy_with_the_step_overhead():
+    """After steps of an adaptive core, the policy state's round costs are the calibrated ones plus the measured
+    overhead per round (> 0: a step costs host time beyond its rounds), and greedy output stays its own."""
+    from jaxspec.engine import Engine
+    from jaxspec.serving import RequestParams, ServingEngine
+    from jaxspec.serving.core import REPRICE_TOLERANCE
+
+    target, eng = _adaptive_pair(layers=2)
     base = np.float32([1e-6, 2e-6])
     eng.round_costs[2] = base
     se = ServingEngine(eng, rounds_per_step=2)
@@ -117,21 +124,10 @@ def test_an_adaptive_core_reprices_only_when_a_price_moves():
     """The policy's prices are a new device array only when the slot bucket changes or a price moves by more than
     ``REPRICE_TOLERANCE``; otherwise the decode is given the state as it is (the donated buffer stays in place, so
     no command buffer that reads it is updated on a GPU)."""
-    import jax.numpy as jnp
-    from flax import nnx
-
-    from jaxspec.config import SpecConfig
-    from jaxspec.engine import AdaptivePolicy, Engine
-    from jaxspec.models import DecoderConfig, MTPDrafter, MTPModel
     from jaxspec.serving import ServingEngine
     from jaxspec.serving.core import REPRICE_TOLERANCE
 
-    cfg = DecoderConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                        num_attention_heads=4, num_key_value_heads=2, head_dim=8, rms_norm_eps=1e-5,
-                        rope_theta=10000.0)
-    target = MTPModel(cfg, rngs=nnx.Rngs(0), kv_dtype=jnp.float32, num_mtp_layers=1, num_draft_steps=2)
-    eng = Engine(target, MTPDrafter(target), spec=(SpecConfig(num_steps=2, topk=1, num_draft_tokens=3),),
-                 adaptive=AdaptivePolicy(), max_context=48, page_size=4, max_batch=2, num_pages=32)
+    _, eng = _adaptive_pair(layers=1)
     eng.round_costs[2] = np.float32([1e-3, 2e-3])
     eng.round_costs[1] = np.float32([0.8e-3, 1.2e-3])
     se = ServingEngine(eng, rounds_per_step=2)
