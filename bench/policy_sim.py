@@ -2,7 +2,7 @@
 
 ``python bench/policy_sim.py --real-model real_model.json [--modes eagle3-chain3:3,eagle3-chain3:3:7]
 [--batches 1,8,32] [--costs "1:1.224,1.469,1.556;8:1.005,1.45,1.75;32:1.091,1.888,2.128"] [--calls 8] [--seeds 3]
-[--json PATH]``
+[--ramp F:T] [--json PATH]``
 
 The modes besides plain decoding (``--modes``, each ``CONFIG:D[:S]``): a request accepts as it did in ``CONFIG``'s
 T=0 acceptance row of a ``bench/real_model.py`` JSON (the per-request mean accept lengths, ``accept_per_request``;
@@ -18,9 +18,14 @@ the modes in order; ``Engine.calibrate``'s figures, e.g. ``real_model.json``'s `
 does; each fixed mode runs the same requests with the same coins. Output per batch: adaptive tokens per ms over
 the call's best fixed mode's, mean and worst call over ``--calls`` x ``--seeds`` (an oracle that knows each call's
 requests); the workload ratio: adaptive's tokens per ms over all calls together against the best single fixed mode's
-(the comparison a user makes, who picks one config for the workload); and the rounds per mode. The model of
-acceptance ignores what a real reply does (acceptance that drifts within a reply); it isolates the policy's
-choices from the GPU.
+(the comparison a user makes, who picks one config for the workload); and the rounds per mode. It isolates the
+policy's choices from the GPU.
+
+Acceptance within a reply: constant by default. ``--ramp F:T`` makes it rise along the reply, as a trained head's
+does (it agrees least with the target in a reply's first tokens): at output position ``p`` a request's per-draft
+acceptance is ``a * (F + (1 - F) * min(1, p / T)) / r``, ``r`` that factor's mean over the request's own output
+(capped at 0.999), so the reply's mean per-draft acceptance stays ``a`` while its first rounds draw less; every
+mode and the policy see the same ramp.
 """
 
 import json
@@ -41,10 +46,25 @@ def chain_alpha(mean: float, steps: int = 3) -> float:
     return (lo + hi) / 2
 
 
-def one_call(alpha, steps, lengths, costs, rng, mode=None, policy=None):
+def ramp_factor(pos, lengths, ramp):
+    """``f[B]``: the per-draft acceptance factor at output positions ``pos`` of requests of ``lengths`` under
+    ``ramp = (F, T)`` (module docstring; ``None``: 1)."""
+    if ramp is None:
+        return np.ones(len(pos))
+    f, t = ramp
+
+    def shape(p):
+        return f + (1 - f) * np.minimum(1.0, p / t)
+
+    mean = np.array([shape(np.arange(n)).mean() for n in lengths])
+    return shape(np.asarray(pos, np.float64)) / mean
+
+
+def one_call(alpha, steps, lengths, costs, rng, mode=None, policy=None, ramp=None):
     """One decode call over requests with per-draft acceptance ``alpha [modes, B]`` (row 0, plain, unused) in modes
     of depth ``steps`` (0 for plain) and output ``lengths``: a fixed ``mode``, or ``policy = (choose, update,
-    state)``. Returns ``(tokens per ms, rounds per mode, final policy state)``."""
+    state)``; ``ramp``: acceptance rising along a reply (``ramp_factor``). Returns ``(tokens per ms, rounds per
+    mode, final policy state)``."""
     import jax.numpy as jnp
 
     left = lengths.copy()
@@ -57,8 +77,9 @@ def one_call(alpha, steps, lengths, costs, rng, mode=None, policy=None):
         running = left > 0
         accept = np.ones(b)
         alive = np.ones(b, bool)
+        a = np.minimum(alpha[m] * ramp_factor(lengths - left, lengths, ramp), 0.999)
         for _ in range(steps[m]):
-            alive &= rng.random(b) < alpha[m]
+            alive &= rng.random(b) < a
             accept += alive
         accept = np.minimum(accept, left) * running
         left -= accept.astype(int)
@@ -70,12 +91,13 @@ def one_call(alpha, steps, lengths, costs, rng, mode=None, policy=None):
     return tokens, spent, rounds, ps
 
 
-def simulate(means, depths, steps, batch, costs, *, calls, seed, min_new, max_new, policy=None, same=False):
+def simulate(means, depths, steps, batch, costs, *, calls, seed, min_new, max_new, policy=None, same=False,
+             ramp=None):
     """``calls`` warm-started calls at ``batch`` (``means [modes, P]``: each mode's per-request mean accept lengths
     measured ``depths`` deep; row 0 plain's, unused): per call adaptive / the call's best fixed mode, the rounds per
     mode, and the tokens and milliseconds of all calls together (``[adaptive, mode 0, mode 1, ...]``). ``same``:
     every call decodes the first ``batch`` prompts with the same lengths (as ``real_model.py``'s timed calls do).
-    ``policy``: the ``AdaptivePolicy`` replayed (default settings when None)."""
+    ``policy``: the ``AdaptivePolicy`` replayed (default settings when None); ``ramp``: ``one_call``'s."""
     import jax
 
     from jaxspec.engine.policy import AdaptivePolicy, choose_mode, init_policy_state, update_policy
@@ -92,11 +114,11 @@ def simulate(means, depths, steps, batch, costs, *, calls, seed, min_new, max_ne
         if not same or c == 0:
             lengths = rng.integers(min_new, max_new + 1, batch)
         coins = seed * 1000 + c  # the same coins for every mode and the policy
-        fixed = [one_call(alpha, steps, lengths, costs, np.random.default_rng(coins), mode=m)[:2]
+        fixed = [one_call(alpha, steps, lengths, costs, np.random.default_rng(coins), mode=m, ramp=ramp)[:2]
                  for m in range(len(costs))]
         ps = init_policy_state(costs, [1.0 + s for s in steps], learned)
         tok, ms, rounds, learned = one_call(alpha, steps, lengths, costs, np.random.default_rng(coins),
-                                            policy=(choose, update, ps))
+                                            policy=(choose, update, ps), ramp=ramp)
         ratios.append((tok / ms) / max(t / s for t, s in fixed))
         modes += rounds
         tokens += [tok] + [t for t, _ in fixed]
@@ -120,6 +142,8 @@ def main(argv=None):
     ap.add_argument("--same-requests", action="store_true",
                     help="every call decodes the first B prompts with the same lengths (real_model.py's timed calls)")
     ap.add_argument("--policy", default="", help="AdaptivePolicy settings, e.g. 'probe_interval=128,probe_requests=8'")
+    ap.add_argument("--ramp", default=None,
+                    help="F:T: acceptance rising along a reply, factor F at its first token to 1 at token T (docstring)")
     ap.add_argument("--json", default=None, help="write the rows here")
     args = ap.parse_args(argv)
     policy, fields = {}, ("ema_weight", "probe_interval", "probe_rounds", "probe_requests")
@@ -131,6 +155,15 @@ def main(argv=None):
             policy[k] = float(v) if k == "ema_weight" else int(v)
         except ValueError:
             raise SystemExit(f"--policy: expected {k}=a number, got {kv!r}") from None
+    ramp = None
+    if args.ramp is not None:
+        try:
+            f, t = (float(x) for x in args.ramp.split(":"))
+        except ValueError:
+            raise SystemExit(f"--ramp: expected F:T, got {args.ramp!r}") from None
+        if not 0.0 < f <= 1.0 or not t >= 1.0:
+            raise SystemExit(f"--ramp: expected F in (0, 1] and T >= 1, got {args.ramp!r}")
+        ramp = (f, t)
     os.environ.setdefault("JAX_PLATFORMS", "cpu")  # the policy's few scalar ops: no accelerator needed
     from jaxspec.engine.policy import AdaptivePolicy
 
@@ -167,7 +200,7 @@ def main(argv=None):
         tokens, spent = np.zeros(len(steps) + 1), np.zeros(len(steps) + 1)
         for s in range(args.seeds):
             r, m, t, ms = simulate(means, depths, steps, b, costs[b], calls=args.calls, seed=s, min_new=args.min_new,
-                                   max_new=args.max_new, policy=pol, same=args.same_requests)
+                                   max_new=args.max_new, policy=pol, same=args.same_requests, ramp=ramp)
             ratios += r
             rounds += m
             tokens += t
@@ -182,7 +215,8 @@ def main(argv=None):
         out.append(row)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(dict(modes=args.modes, policy=policy, source=args.real_model, rows=out), f, indent=1)
+            json.dump(dict(modes=args.modes, policy=policy, ramp=args.ramp, source=args.real_model, rows=out), f,
+                      indent=1)
     return 0
 
 

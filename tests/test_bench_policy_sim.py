@@ -76,3 +76,30 @@ def test_policy_sim_modes_from_two_rows(tmp_path):
         load("policy_sim").main(args)
     with pytest.raises(SystemExit, match="--modes"):
         load("policy_sim").main(["--real-model", str(src), "--modes", "eagle3-tree"])
+
+
+def test_ramp_keeps_each_reply_mean_and_rises():
+    """``--ramp F:T``: the factor starts at ``F / r`` and rises to ``1 / r`` at token ``T``, its mean over each
+    request's own output is 1 (the reply's mean per-draft acceptance is kept), ``F = 1`` changes nothing; the
+    option reaches the rows and bad values are refused."""
+    sim = load("policy_sim")
+    lengths = np.array([10, 100, 300])
+    for n in lengths:
+        f = sim.ramp_factor(np.arange(n), np.full(n, n), (0.5, 64))
+        assert abs(f.mean() - 1.0) < 1e-12 and np.all(np.diff(f) >= 0) and f[0] < f[-1]
+        assert np.all(np.abs(sim.ramp_factor(np.arange(n), np.full(n, n), (1.0, 64)) - 1.0) < 1e-12)
+    assert np.all(sim.ramp_factor(np.array([0, 5, 7]), lengths, None) == 1.0)
+
+
+def test_policy_sim_ramp_option(tmp_path):
+    src = tmp_path / "real_model.json"
+    src.write_text(json.dumps(dict(rows=[dict(config="eagle3-chain3", temperature=0.0, accept_per_request=[3.6, 3.7])])))
+    out = tmp_path / "sim.json"
+    args = ["--real-model", str(src), "--batches", "1", "--calls", "2", "--seeds", "1", "--costs", "1:1.0,1.2,1.3"]
+    assert load("policy_sim").main(args + ["--ramp", "0.6:128", "--json", str(out)]) == 0
+    got = json.loads(out.read_text())
+    rounds = got["rows"][0]["mode_rounds"]
+    assert got["ramp"] == "0.6:128" and rounds[0] < sum(rounds[1:]), rounds  # drafts that pay: speculation
+    for bad in ("0.6", "0:10", "1.5:10", "0.5:0", "a:b"):
+        with pytest.raises(SystemExit, match="--ramp"):
+            load("policy_sim").main(args + ["--ramp", bad])
