@@ -46,18 +46,18 @@ def chain_alpha(mean: float, steps: int = 3) -> float:
     return (lo + hi) / 2
 
 
-def ramp_factor(pos, lengths, ramp):
-    """``f[B]``: the per-draft acceptance factor at output positions ``pos`` of requests of ``lengths`` under
-    ``ramp = (F, T)`` (module docstring; ``None``: 1)."""
+def ramp_factor(lengths, ramp):
+    """``pos -> f[B]``: the per-draft acceptance factor at output positions ``pos i[B]`` of requests of ``lengths``
+    under ``ramp = (F, T)`` (module docstring; ``None``: 1); each request's mean over its output is computed once."""
     if ramp is None:
-        return np.ones(len(pos))
+        return lambda pos: np.ones(len(pos))
     f, t = ramp
 
     def shape(p):
         return f + (1 - f) * np.minimum(1.0, p / t)
 
     mean = np.array([shape(np.arange(n)).mean() for n in lengths])
-    return shape(np.asarray(pos, np.float64)) / mean
+    return lambda pos: shape(np.asarray(pos, np.float64)) / mean
 
 
 def one_call(alpha, steps, lengths, costs, rng, mode=None, policy=None, ramp=None):
@@ -72,12 +72,13 @@ def one_call(alpha, steps, lengths, costs, rng, mode=None, policy=None, ramp=Non
     tokens = spent = 0.0
     rounds = [0] * len(costs)
     ps = None if policy is None else policy[2]
+    factor = ramp_factor(lengths, ramp)
     while (left > 0).any():
         m = mode if policy is None else int(policy[0](ps))
         running = left > 0
         accept = np.ones(b)
         alive = np.ones(b, bool)
-        a = np.minimum(alpha[m] * ramp_factor(lengths - left, lengths, ramp), 0.999)
+        a = np.minimum(alpha[m] * factor(lengths - left), 0.999)
         for _ in range(steps[m]):
             alive &= rng.random(b) < a
             accept += alive

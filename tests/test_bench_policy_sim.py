@@ -85,10 +85,10 @@ def test_ramp_keeps_each_reply_mean_and_rises():
     sim = load("policy_sim")
     lengths = np.array([10, 100, 300])
     for n in lengths:
-        f = sim.ramp_factor(np.arange(n), np.full(n, n), (0.5, 64))
+        f = sim.ramp_factor(np.full(n, n), (0.5, 64))(np.arange(n))
         assert abs(f.mean() - 1.0) < 1e-12 and np.all(np.diff(f) >= 0) and f[0] < f[-1]
-        assert np.all(np.abs(sim.ramp_factor(np.arange(n), np.full(n, n), (1.0, 64)) - 1.0) < 1e-12)
-    assert np.all(sim.ramp_factor(np.array([0, 5, 7]), lengths, None) == 1.0)
+        assert np.all(np.abs(sim.ramp_factor(np.full(n, n), (1.0, 64))(np.arange(n)) - 1.0) < 1e-12)
+    assert np.all(sim.ramp_factor(lengths, None)(np.array([0, 5, 7])) == 1.0)
 
 
 def test_policy_sim_ramp_option(tmp_path):
