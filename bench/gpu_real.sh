@@ -44,11 +44,15 @@ site() {  # gguf and jaxspec importable (no install needs the network)
 cb_log_on() {  # XLA's command-buffer update log (a call whose buffers moved updates its graphs on the host)
   export TF_CPP_MIN_LOG_LEVEL=0 TF_CPP_VMODULE=command_buffer_thunk=3
 }
-cb_log_summary() {  # LOG: the count and time of the updates, then LOG without them (the log itself is too big)
-  grep -ao "Updated command buffer in [0-9]* .s; num_commands=[0-9]*" "$1" > /tmp/cb_updates.txt
+cb_log_summary() {  # LOG: the count and time of the updates, then LOG with each run of them as one line (too big)
+  grep -ao "Updated command buffer in [0-9]* [^ ]*; num_commands=[0-9]*" "$1" > /tmp/cb_updates.txt
   echo "command-buffer updates: $(wc -l < /tmp/cb_updates.txt), us in all: $(awk '{s += $5} END {print s + 0}' /tmp/cb_updates.txt)"
   sort /tmp/cb_updates.txt | uniq -c | sort -rn | head -12
-  grep -av "command_buffer_thunk" "$1" > /tmp/rows.log && mv /tmp/rows.log "$1"
+  # in LOG, each run of updates becomes one line where it happened (which rows paid for them)
+  awk 'function flush() { if (n) printf "[command-buffer updates: %d, %d us]\n", n, us; n = 0; us = 0 }
+       /Updated command buffer in [0-9]+ / { match($0, /in [0-9]+ /); us += substr($0, RSTART + 3, RLENGTH - 4); n++; next }
+       /command_buffer_thunk/ { next }
+       { flush(); print } END { flush() }' "$1" > /tmp/rows.log && mv /tmp/rows.log "$1"
   unset TF_CPP_VMODULE
 }
 heads() {  # the heads real_model.py uses: this machine's trained ones, else the shipped ones
