@@ -21,7 +21,8 @@
 #             continues where a cut-short one stopped; on one H200 the whole recipe needs two calls; RECIPE=seeded:
 #             the seeded chat recipe, its evaluation check against $REAL_INPUTS/q/question.jsonl)
 #   real      bench/real_model.py (REAL_ARGS: its options; heads: $OUT/heads from drafters, else the shipped ones);
-#             REAL_CB_LOG=1: with the command-buffer update log, as SERVING_CB_LOG below
+#             REAL_CB_LOG=1: with the command-buffer update log, as SERVING_CB_LOG below; REAL_HLO=1: the decode
+#             executables' optimized HLO dumped, then bench/hlo_grep.py's report of it: $OUT/hlo_grep.txt.gz
 #   serving   bench/serving.py (SERVING_ARGS: its options; the shipped EAGLE-3 head): $OUT/serving.json, .png;
 #             SERVING_CB_LOG=1: with XLA's command-buffer update log (TF_CPP_VMODULE=command_buffer_thunk=3), then the
 #             count and time of the re-recordings (a step whose buffers moved re-records its loop's graph on the host)
@@ -73,10 +74,12 @@ for p in "$@"; do case $p in
       && ls -la "$OUT" ;;  # what exists: a stage cut short by its limit leaves the others
   real) site; heads
     [ -n "${REAL_CB_LOG:-}" ] && cb_log_on
-    XLA_FLAGS="${XLA_FLAGS-$GPU_XLA_FLAGS}" run real ${REAL_TIMEOUT:-560} env -u TORCHDYNAMO_DISABLE python3 bench/real_model.py \
+    hlo=; [ -n "${REAL_HLO:-}" ] && rm -rf /tmp/hlo && hlo="--xla_dump_to=/tmp/hlo --xla_dump_hlo_as_text --xla_dump_hlo_module_re=.*decode.*"
+    XLA_FLAGS="${XLA_FLAGS-$GPU_XLA_FLAGS}${hlo:+ $hlo}" run real ${REAL_TIMEOUT:-560} env -u TORCHDYNAMO_DISABLE python3 bench/real_model.py \
       --model $GGUF --questions "$IN/q/question.jsonl" --eagle3 "$E3" --mtp "$MTP" --json "$OUT/real_model.json" \
       --png "$OUT/real_model.png" ${REAL_ARGS:-}
-    [ -n "${REAL_CB_LOG:-}" ] && cb_log_summary "$OUT/real.log" ;;
+    [ -n "${REAL_CB_LOG:-}" ] && cb_log_summary "$OUT/real.log"
+    [ -n "$hlo" ] && python3 bench/hlo_grep.py /tmp/hlo | gzip > "$OUT/hlo_grep.txt.gz" ;;
   serving) site  # one persistent compilation cache: the http mode's server reuses the in-process plain compiles
     export JAX_COMPILATION_CACHE_DIR=/tmp/jax_cache JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0.2
     [ -n "${SERVING_CB_LOG:-}" ] && cb_log_on
