@@ -21,8 +21,6 @@ it is measured, so a run cut short keeps what it measured):
   ``round_costs_ms`` (the calibrated prices per batch bucket) and ``policy_learned`` (per bucket, the running
   accept lengths, request-rounds, idle rounds and probe back-offs the call left), and each timed batch adds the
   engine forced to each mode (``forced_mode`` rows).
-  ``--kernels`` (GPU): each timed row also runs once under CUPTI and carries its kernel count, their summed time and
-  the rest of its wall time (``gap_ms``: the device waiting on the host).
   ``--modes default,invariant`` runs the part once per mode (``Engine(batch_invariant=True)``), side by side; the
   invariant mode also decodes the first 32 requests alone and all of them through the serving core, each
   compared with its reply in the all-prompts batch.
@@ -83,8 +81,6 @@ def _parse(argv):
     ap.add_argument("--accept-batch", type=int, default=None,
                     help="spec part: acceptance over all prompts in batches of this many (default: one batch)")
     ap.add_argument("--repeats", type=int, default=3, help="timed calls per row (median)")
-    ap.add_argument("--kernels", action="store_true",
-                    help="spec part: one more call per timed row under CUPTI (GPU): its kernels and their time")
     ap.add_argument("--hf", default="eager,pld,compile",
                     help="hf part: comma list of eager, pld, compile (run in that order)")
     ap.add_argument("--hf-prompts-b1", type=int, default=2, help="hf part: prompts timed one by one at batch 1")
@@ -105,25 +101,6 @@ def prompt_ids(model_path: str, questions_path: str):
     with open(questions_path) as f:
         questions = [json.loads(line) for line in f if line.strip()]
     return tok, [tok.encode_chat([{"role": "user", "content": q["turns"][0]}]) for q in questions]
-
-
-def _kernel_time(fn, wall_s: float, enabled: bool) -> dict:
-    """``--kernels``: one more call of ``fn`` (it returns host results: the device is idle after it) under CUPTI:
-    ``kernels`` launched, ``kernel_ms`` (the sum of their durations) and ``gap_ms`` (``wall_s`` minus that: the
-    time the device waited on the host, launches and syncs included); ``{}`` when off or unavailable."""
-    if not enabled:
-        return {}
-    from _timing import cupti_kernels
-
-    per = cupti_kernels(fn, lambda: None, 1, calls=1)
-    if per is None:
-        return {}
-    kernel_ms = sum(per.values()) / 1e3
-    return dict(kernels=int(cupti_kernels.last_count), kernel_ms=kernel_ms, gap_ms=wall_s * 1e3 - kernel_ms)
-
-
-def _kernel_text(k: dict) -> str:
-    return f"; {k['kernels']} kernels, {k['kernel_ms']:.1f} ms of them, {k['gap_ms']:.1f} ms gaps" if k else ""
 
 
 def _timed(fn, repeats):
@@ -284,31 +261,26 @@ def part_spec(run, models, prompts, batches, args, eos_id, mode="default"):
     for b in batches:
         if not run.time_left():
             return
-        call = lambda: plain.generate(prompts[:b], args.new_tokens)  # noqa: E731
-        res, first_s, s = _timed(call, args.repeats)
+        res, first_s, s = _timed(lambda: plain.generate(prompts[:b], args.new_tokens), args.repeats)
         plain_tok[b] = _n_tokens(res) / s
-        k = _kernel_time(call, s, args.kernels)
         run.add(part="spec", mode=mode, engine="jaxspec", config="plain", batch=b, tokens=_n_tokens(res), seconds=s,
-                tok_s=plain_tok[b], first_call_s=first_s, **k)
-        print(f"spec plain          b={b:<3d} {plain_tok[b]:10.1f} tok/s ({mode}{_kernel_text(k)})", flush=True)
+                tok_s=plain_tok[b], first_call_s=first_s)
+        print(f"spec plain          b={b:<3d} {plain_tok[b]:10.1f} tok/s ({mode})", flush=True)
     for name, eng in engines.items():
         for b in batches:
             if not run.time_left():
                 return
-            call = lambda: eng.generate(prompts[:b], args.new_tokens)  # noqa: E731
-            res, first_s, s = _timed(call, args.repeats)
+            res, first_s, s = _timed(lambda: eng.generate(prompts[:b], args.new_tokens), args.repeats)
             tok_s = _n_tokens(res) / s
             extra = {} if res.mode_rounds is None else dict(mode_rounds=np.asarray(res.mode_rounds).tolist(),
                                                             round_costs_ms=_round_costs_ms(eng),
                                                             policy_learned=_policy_learned(eng))
-            k = _kernel_time(call, s, args.kernels)
             run.add(part="spec", mode=mode, engine="jaxspec", config=name, batch=b, tokens=_n_tokens(res), seconds=s,
                     tok_s=tok_s,
                     accept_len=res.mean_accept_length, first_call_s=first_s,
-                    speedup=tok_s / plain_tok[b] if b in plain_tok else None, **extra, **k)
+                    speedup=tok_s / plain_tok[b] if b in plain_tok else None, **extra)
             print(f"{name:<18s} b={b:<3d} {tok_s:10.1f} tok/s  {tok_s / plain_tok.get(b, float('nan')):.2f}x plain "
-                  f"(accept {res.mean_accept_length:.2f}; first call {first_s:.1f} s; {mode}{_kernel_text(k)})",
-                  flush=True)
+                  f"(accept {res.mean_accept_length:.2f}; first call {first_s:.1f} s; {mode})", flush=True)
             if res.mode_rounds is not None:
                 _forced_rows(run, eng, name, prompts[:b], args, plain_tok.get(b), mode)
 
@@ -329,13 +301,11 @@ def _forced_rows(run, eng, name, prompts, args, plain_tok_s, mode):
 
         res, _, s = _timed(call, args.repeats)
         tok_s = _n_tokens(res) / s
-        k = _kernel_time(call, s, args.kernels)
         run.add(part="spec", mode=mode, engine="jaxspec", config=name, forced_mode=m, batch=len(prompts),
                 tokens=_n_tokens(res), seconds=s, tok_s=tok_s, accept_len=res.mean_accept_length,
-                rounds=int(np.max(res.num_rounds)), speedup=tok_s / plain_tok_s if plain_tok_s else None, **k)
+                rounds=int(np.max(res.num_rounds)), speedup=tok_s / plain_tok_s if plain_tok_s else None)
         print(f"{name:<18s} b={len(prompts):<3d} forced mode {m}: {tok_s:10.1f} tok/s "
-              f"{tok_s / (plain_tok_s or float('nan')):.2f}x plain (accept {res.mean_accept_length:.2f}"
-              f"{_kernel_text(k)})", flush=True)
+              f"{tok_s / (plain_tok_s or float('nan')):.2f}x plain (accept {res.mean_accept_length:.2f})", flush=True)
 
 
 def _policy_learned(eng) -> dict:

@@ -373,12 +373,8 @@ def plain_segment(target, drafter, opts: EngineOptions, window: int, live, pick,
     def rounds(c):
         st, n, k, tokens, feats = c
         new, nxt, hidden, _, _ = _plain_round(target, opts, st)
-        # column k written by a select, not a dynamic_update_slice: XLA:GPU turns an update at the loop's
-        # induction variable into a dynamic-memcpy fusion, which no command buffer holds (the loop, and every
-        # loop around it, would then be driven from the host)
-        at = jnp.arange(window, dtype=jnp.int32)[None, :] == k  # [1, W]
-        tokens = jnp.where(at, nxt[:, None], tokens)
-        feats = jnp.where(at[..., None], hidden.astype(feats.dtype), feats)
+        tokens = jax.lax.dynamic_update_slice_in_dim(tokens, nxt[:, None], k, axis=1)
+        feats = jax.lax.dynamic_update_slice_in_dim(feats, hidden.astype(feats.dtype), k, axis=1)
         return new, n + 1, k + 1, tokens, feats
 
     def run(c):
