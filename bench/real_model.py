@@ -104,15 +104,18 @@ def prompt_ids(model_path: str, questions_path: str):
 
 
 def _timed(fn, repeats):
+    """``(result, first_s, seconds)``: one untimed first call (compiles; adaptive engines also calibrate), then the
+    median of ``repeats`` timed calls; ``result`` is the last timed call's (an adaptive engine's later calls start
+    from what the earlier ones learned, so their rounds per mode are not the first call's)."""
     t0 = time.perf_counter()
-    first = fn()
+    out = fn()
     first_s = time.perf_counter() - t0
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
-        fn()
+        out = fn()
         times.append(time.perf_counter() - t0)
-    return first, first_s, statistics.median(times)
+    return out, first_s, statistics.median(times)
 
 
 class _All:

@@ -1,6 +1,7 @@
-"""bench/real_model.py's forced-mode rows on CPU: an adaptive engine with every round forced to each of its modes,
-on the same prompts (what each mode costs inside the adaptive loop). Every mode gives the plain greedy output (the
-engine is lossless in f32), plain accepts one token a round, and a draft shape at least one."""
+"""bench/real_model.py's forced-mode rows on CPU (and its timing helper): an adaptive engine with every round forced
+to each of its modes, on the same prompts (what each mode costs inside the adaptive loop). Every mode gives the
+plain greedy output (the engine is lossless in f32), plain accepts one token a round, and a draft shape at least
+one."""
 
 import jax.numpy as jnp
 import numpy as np
@@ -52,3 +53,12 @@ def test_policy_learned_reads_the_warm_start_of_each_bucket():
     ps = eng.policy_memory[2]
     assert got[2]["accept"] == np.asarray(ps.accept).tolist() and got[2]["accept"][0] == 1.0
     assert res.mode_rounds[1] > 0 and got[2]["seen"][1] > 0 and 1.0 <= got[2]["accept"][1] <= 4.0
+
+
+def test_timed_rows_describe_the_timed_calls():
+    """The result a row reports (rounds per mode, accept length) is a timed call's, not the untimed first one's: an
+    adaptive engine's later calls start from what the first one learned."""
+    rm = load("real_model")
+    calls = []
+    res, first_s, s = rm._timed(lambda: calls.append(len(calls)) or len(calls), 3)
+    assert calls == [0, 1, 2, 3] and res == 4 and first_s >= 0 and s >= 0
